@@ -1,0 +1,48 @@
+//! ringccl's GPU kernels, written in `#![no_std]` Rust and compiled to PTX.
+//!
+//! Layers, bottom up:
+//! * [`element`]: the ten element types and the arithmetic of one reduction step, shared with
+//!   the host so the CPU computes the exact bits a GPU step produces;
+//! * [`op`]: the reduction operators (sum, prod, min, max, avg);
+//! * [`prim`]: NCCL's primitives (copy, reduce, reduce-copy) as one generic function;
+//! * `kernels` (nvptx64 only): the `extern "ptx-kernel"` entry points, one per primitive ×
+//!   type (× operator), instantiated by macros. [`ENTRY_POINTS`] lists their names and
+//!   signatures; `cargo xtask build-ptx` compiles them and the host crate embeds the PTX.
+//!
+//! ```
+//! use gpu_kernels::{op::Sum, prim::{reduce_copy, Grid}};
+//! let a = [1.0f32, 2.0, 3.0];
+//! let b = [10.0f32, 20.0, 30.0];
+//! let mut out = [0.0f32; 3];
+//! // One "thread" doing the whole grid's work, as the CPU tests do.
+//! unsafe {
+//!     reduce_copy::<f32, Sum, 2>(Grid { thread: 0, threads: 1 }, [a.as_ptr(), b.as_ptr()], 2,
+//!                                out.as_mut_ptr(), core::ptr::null_mut(), 3, 1);
+//! }
+//! assert_eq!(out, [11.0, 22.0, 33.0]);
+//! ```
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, f16, asm_experimental_arch)
+)]
+
+pub mod element;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod entry;
+pub mod op;
+pub mod prim;
+
+#[cfg(target_arch = "nvptx64")]
+mod kernels;
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use entry::{EntryKind, ENTRY_POINTS};
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // No kernel has a panic path (the build checks the PTX for calls); trap if one ever did.
+    // SAFETY: `trap` aborts the kernel; it has no other effect.
+    unsafe { core::arch::asm!("trap;", options(noreturn)) }
+}

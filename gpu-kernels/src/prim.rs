@@ -1,0 +1,295 @@
+//! NCCL's primitives as plain generic Rust: one implementation behind every entry point.
+//!
+//! [`reduce_copy`] reads `nsrc` sources, folds them with a [`ReduceOp`], applies the operator's
+//! final step, and writes the result to one or two destinations. Copy is the one-source case,
+//! reduce the one-destination case, and reduce-copy the two-source case (a local buffer and a
+//! peer's, written to the local output and optionally to the next peer).
+//!
+//! Each GPU thread calls the function with its [`Grid`] position and handles the elements
+//! `thread, thread + threads, ...` (grid-stride). When every pointer has the same offset modulo
+//! 16 bytes the bulk moves as 16-byte vectors (a scalar head brings the pointers to a 16-byte
+//! boundary, a scalar tail finishes the count); otherwise every element moves on its own. The
+//! same code runs on the host, one "thread" at a time, for the CPU tests.
+
+use crate::element::Element;
+use crate::op::ReduceOp;
+
+/// Most sources one reduce kernel folds.
+pub const MAX_SRCS: usize = 8;
+
+/// Bytes moved by one vector access.
+pub const VECTOR_BYTES: usize = 16;
+
+/// Vectors each thread keeps in flight per loop iteration.
+const UNROLL: usize = 4;
+
+/// A thread's position in the launch: global index and the total number of threads.
+#[derive(Clone, Copy, Debug)]
+pub struct Grid {
+    /// `blockIdx.x * blockDim.x + threadIdx.x`.
+    pub thread: usize,
+    /// `gridDim.x * blockDim.x`.
+    pub threads: usize,
+}
+
+/// 16 bytes as two 64-bit words (lane `j` of a `T` vector sits at bit `j * 8 * size_of::<T>()`,
+/// little-endian as in memory), aligned so loads and stores are single vector accesses.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Pack([u64; 2]);
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn load_pack(p: *const Pack) -> Pack {
+    let (a, b): (u64, u64);
+    // SAFETY: the caller guarantees `p` is 16-byte aligned and readable for 16 bytes.
+    unsafe {
+        core::arch::asm!(
+            "ld.v2.u64 {{{0}, {1}}}, [{2}];",
+            out(reg64) a, out(reg64) b, in(reg64) p,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    Pack([a, b])
+}
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn store_pack(p: *mut Pack, v: Pack) {
+    // SAFETY: the caller guarantees `p` is 16-byte aligned and writable for 16 bytes.
+    unsafe {
+        core::arch::asm!(
+            "st.v2.u64 [{0}], {{{1}, {2}}};",
+            in(reg64) p, in(reg64) v.0[0], in(reg64) v.0[1],
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
+unsafe fn load_pack(p: *const Pack) -> Pack {
+    // SAFETY: the caller guarantees `p` is aligned and readable for 16 bytes.
+    unsafe { p.read() }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
+unsafe fn store_pack(p: *mut Pack, v: Pack) {
+    // SAFETY: the caller guarantees `p` is aligned and writable for 16 bytes.
+    unsafe { p.write(v) }
+}
+
+/// Calls `f(i)` for `i = 0 .. min(n, MAX)` (at most 16), each `i` a literal. After inlining, `n` is a
+/// constant or a uniform value and every array index is a constant, so the pointer arrays and
+/// vectors stay in registers (a run-time index would put them in local memory, a stack frame).
+#[inline(always)]
+fn unrolled<const MAX: usize>(n: usize, mut f: impl FnMut(usize)) {
+    macro_rules! each {
+        ($($i:literal)*) => {$(
+            if $i < MAX && $i < n {
+                f($i);
+            }
+        )*};
+    }
+    each!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+}
+
+/// Calls `f(k)` for the sources after the first: `k = 1 .. min(nsrc, NS)`.
+#[inline(always)]
+fn for_each_extra_source<const NS: usize>(nsrc: usize, mut f: impl FnMut(usize)) {
+    unrolled::<NS>(nsrc, |k| {
+        if k > 0 {
+            f(k)
+        }
+    });
+}
+
+/// Calls `f(j)` for every lane `j < 16 / size_of::<T>()` of a vector.
+#[inline(always)]
+fn for_each_lane<T: Element>(f: impl FnMut(usize)) {
+    unrolled::<VECTOR_BYTES>(VECTOR_BYTES / T::SIZE, f);
+}
+
+/// Lane `j` of a vector, as an element (pure shifts and masks: no memory).
+#[inline(always)]
+fn lane<T: Element>(p: &Pack, j: usize) -> T {
+    let bit = j * T::SIZE * 8;
+    let word = p.0[bit / 64];
+    let raw = word >> (bit % 64);
+    T::from_raw(if T::SIZE == 8 { raw } else { raw & ((1u64 << (T::SIZE * 8)) - 1) })
+}
+
+/// Replaces lane `j` of a vector.
+#[inline(always)]
+fn set_lane<T: Element>(p: &mut Pack, j: usize, x: T) {
+    let bit = j * T::SIZE * 8;
+    let shift = bit % 64;
+    let mask = if T::SIZE == 8 { u64::MAX } else { ((1u64 << (T::SIZE * 8)) - 1) << shift };
+    let w = &mut p.0[bit / 64];
+    *w = (*w & !mask) | (x.to_raw() << shift);
+}
+
+/// Lane-wise `a = combine(a, b)` over the elements packed in two vectors.
+#[inline(always)]
+fn combine_pack<T: Element, O: ReduceOp>(a: &mut Pack, b: &Pack) {
+    let mut out = Pack([0; 2]);
+    for_each_lane::<T>(|j| set_lane(&mut out, j, O::combine(lane::<T>(a, j), lane::<T>(b, j))));
+    *a = out;
+}
+
+/// Lane-wise final step (`avg`'s division) over one vector.
+#[inline(always)]
+fn finish_pack<T: Element, O: ReduceOp>(a: &mut Pack, postdiv: u32) {
+    let mut out = Pack([0; 2]);
+    for_each_lane::<T>(|j| set_lane(&mut out, j, O::finish(lane::<T>(a, j), postdiv)));
+    *a = out;
+}
+
+/// `dst0[i] (and dst1[i]) = finish(srcs[0][i] ⊕ srcs[1][i] ⊕ … ⊕ srcs[nsrc-1][i])` for every
+/// `i < count` this thread owns.
+///
+/// `NS` is the number of source slots (a compile-time bound), `nsrc` how many are used
+/// (`1 ≤ nsrc ≤ NS`). `dst1` may be null. A destination may equal a source (in place).
+///
+/// # Safety
+/// Every used source is readable and every destination writable for `count` elements of `T`,
+/// each pointer aligned to `T`; destinations do not partially overlap sources or each other;
+/// every thread of the grid calls this with the same arguments.
+#[inline(always)]
+pub unsafe fn reduce_copy<T: Element, O: ReduceOp, const NS: usize>(
+    grid: Grid,
+    srcs: [*const T; NS],
+    nsrc: usize,
+    dst0: *mut T,
+    dst1: *mut T,
+    count: usize,
+    postdiv: u32,
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        if dst1.is_null() {
+            run::<T, O, NS, false>(grid, srcs, nsrc, dst0, dst1, count, postdiv)
+        } else {
+            run::<T, O, NS, true>(grid, srcs, nsrc, dst0, dst1, count, postdiv)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn run<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
+    grid: Grid,
+    srcs: [*const T; NS],
+    nsrc: usize,
+    dst0: *mut T,
+    dst1: *mut T,
+    count: usize,
+    postdiv: u32,
+) {
+    let nsrc = if nsrc > NS { NS } else { nsrc };
+    let misalign = dst0 as usize % VECTOR_BYTES;
+    let mut aligned = !TWO || dst1 as usize % VECTOR_BYTES == misalign;
+    aligned &= srcs[0] as usize % VECTOR_BYTES == misalign;
+    for_each_extra_source::<NS>(nsrc, |k| aligned &= srcs[k] as usize % VECTOR_BYTES == misalign);
+    // SAFETY (all blocks below): indices stay below `count`, per this function's contract.
+    if !aligned {
+        unsafe { scalar::<T, O, NS, TWO>(grid, srcs, nsrc, dst0, dst1, 0, count, postdiv) };
+        return;
+    }
+    let lanes = VECTOR_BYTES / T::SIZE;
+    let head = ((VECTOR_BYTES - misalign) % VECTOR_BYTES) / T::SIZE;
+    let head = if head > count { count } else { head };
+    let nvec = (count - head) / lanes;
+    let tail = head + nvec * lanes;
+    unsafe {
+        scalar::<T, O, NS, TWO>(grid, srcs, nsrc, dst0, dst1, 0, head, postdiv);
+        vectors::<T, O, NS, TWO>(grid, srcs, nsrc, dst0, dst1, head, nvec, postdiv);
+        scalar::<T, O, NS, TWO>(grid, srcs, nsrc, dst0, dst1, tail, count, postdiv);
+    }
+}
+
+/// Elements `begin..end`, one at a time, grid-stride.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
+    grid: Grid,
+    srcs: [*const T; NS],
+    nsrc: usize,
+    dst0: *mut T,
+    dst1: *mut T,
+    begin: usize,
+    end: usize,
+    postdiv: u32,
+) {
+    let mut i = begin + grid.thread;
+    while i < end {
+        // SAFETY: i < end <= count; see `reduce_copy`.
+        unsafe {
+            let mut acc = *srcs[0].add(i);
+            for_each_extra_source::<NS>(nsrc, |k| acc = O::combine(acc, *srcs[k].add(i)));
+            let v = O::finish(acc, postdiv);
+            *dst0.add(i) = v;
+            if TWO {
+                *dst1.add(i) = v;
+            }
+        }
+        i += grid.threads;
+    }
+}
+
+/// `nvec` 16-byte vectors starting at element `first` (16-byte aligned for every pointer),
+/// grid-stride, `UNROLL` vectors in flight per thread.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vectors<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
+    grid: Grid,
+    srcs: [*const T; NS],
+    nsrc: usize,
+    dst0: *mut T,
+    dst1: *mut T,
+    first: usize,
+    nvec: usize,
+    postdiv: u32,
+) {
+    // Unused slots become pointers that are never dereferenced.
+    let s: [*const Pack; NS] = srcs.map(|p| p.wrapping_add(first) as *const Pack);
+    let d0 = dst0.wrapping_add(first) as *mut Pack;
+    let d1 = dst1.wrapping_add(first) as *mut Pack;
+    let step = grid.threads;
+    let mut v = grid.thread;
+    // SAFETY (both loops): v + u * step < nvec, so every access is inside the vector range.
+    while v + (UNROLL - 1) * step < nvec {
+        let mut acc = [Pack([0; 2]); UNROLL];
+        unrolled::<UNROLL>(UNROLL, |u| acc[u] = unsafe { load_pack(s[0].add(v + u * step)) });
+        for_each_extra_source::<NS>(nsrc, |k| {
+            let mut inc = [Pack([0; 2]); UNROLL];
+            unrolled::<UNROLL>(UNROLL, |u| inc[u] = unsafe { load_pack(s[k].add(v + u * step)) });
+            unrolled::<UNROLL>(UNROLL, |u| combine_pack::<T, O>(&mut acc[u], &inc[u]));
+        });
+        unrolled::<UNROLL>(UNROLL, |u| {
+            finish_pack::<T, O>(&mut acc[u], postdiv);
+            unsafe {
+                store_pack(d0.add(v + u * step), acc[u]);
+                if TWO {
+                    store_pack(d1.add(v + u * step), acc[u]);
+                }
+            }
+        });
+        v += UNROLL * step;
+    }
+    while v < nvec {
+        let mut acc = unsafe { load_pack(s[0].add(v)) };
+        for_each_extra_source::<NS>(nsrc, |k| {
+            let inc = unsafe { load_pack(s[k].add(v)) };
+            combine_pack::<T, O>(&mut acc, &inc);
+        });
+        finish_pack::<T, O>(&mut acc, postdiv);
+        unsafe {
+            store_pack(d0.add(v), acc);
+            if TWO {
+                store_pack(d1.add(v), acc);
+            }
+        }
+        v += step;
+    }
+}
