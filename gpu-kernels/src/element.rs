@@ -2,7 +2,9 @@
 //!
 //! Every reduction step in ringccl combines two elements with one of these functions. The same
 //! Rust source is compiled for the GPU (nvptx64) and for the host, so the host can compute the
-//! exact bits a GPU step produces. The rules of one step:
+//! exact bits a GPU step produces.
+//!
+//! # Rounding of one reduce step
 //!
 //! * **Integers** (`i8 u8 i32 u32 i64 u64`): sum and product wrap around (two's complement);
 //!   min/max are exact; the average divides the (wrapped) sum by the rank count, truncating
@@ -10,16 +12,26 @@
 //! * **`f32`, `f64`**: IEEE 754 with round-to-nearest-even, subnormals kept (no flush to zero).
 //! * **`F16`** (IEEE binary16) and **`Bf16`** (bfloat16): each sum or product is correctly rounded
 //!   to the 16-bit type (round to nearest, ties to even), exactly as one hardware `add.rn.f16` /
-//!   `add.rn.bf16` does. On the host it is computed in `f32` and rounded once: `f32` carries more
-//!   than `2p + 2` bits of either type, so that double rounding is exact. On sm_90 the GPU uses
-//!   the native f16/bf16 instructions; on sm_80 bf16 is computed the host's way, through `f32`.
+//!   `add.rn.bf16` does. On the host it is computed in `f32` and rounded once more: `f32`'s
+//!   24-bit significand has at least `2p + 2` bits of either type (`p` = 11 for binary16, 8 for
+//!   bfloat16) and covers both exponent ranges, so the double rounding gives the correctly
+//!   rounded result (Figueroa). On sm_90 the GPU uses the native f16/bf16 instructions; on
+//!   sm_80 bf16 is computed the host's way, through `f32`.
 //! * **min / max** (all float types): a NaN operand is ignored (IEEE `minNum`/`maxNum`); two
 //!   NaNs give NaN; `-0.0` is smaller than `+0.0`. These are exact and written as comparisons,
 //!   so host and GPU agree bit for bit.
 //! * **avg**: a sum in every step; the last step divides by the rank count (`div_n`), correctly
-//!   rounded in the element's type (`f32` arithmetic for f16/bf16).
+//!   rounded in the element's type: `f64` divides by the exact `n`; `f32` by `n as f32` (exact,
+//!   so the quotient is correctly rounded, for `n <= 2^24`); f16/bf16 divide in `f32` and round
+//!   once more, which is again the correctly rounded quotient (checked for every 16-bit value
+//!   and rank counts up to 65536).
+//!   `div_n(0)` and `div_n(1)` return the operand (a NaN may come back quieted from `div_n(1)`).
 //! * NaN results are NaN on both sides, but their payload bits may differ (the GPU returns the
 //!   canonical NaN). Bit-identity checks treat two NaNs as equal.
+//!
+//! The unit tests below check these rules against the `half` crate and exact `f64` references:
+//! conversions over all 65536 bit patterns, every tie and overflow boundary, sums and products
+//! of random and edge pairs, and the integer wrap-around and truncation at `MIN`/`MAX`.
 
 /// An element type the kernels reduce. Sealed: implemented for the ten types ringccl supports.
 ///
@@ -101,9 +113,17 @@ macro_rules! float_minmax {
         } else if fb != fb {
             a
         } else if fa < fb {
-            if $is_min { a } else { b }
+            if $is_min {
+                a
+            } else {
+                b
+            }
         } else if fb < fa {
-            if $is_min { b } else { a }
+            if $is_min {
+                b
+            } else {
+                a
+            }
         } else if $is_min {
             // Equal values: identical bits, or +0 and -0; the sign bit decides.
             Self::from_bits(a.to_bits() | b.to_bits())
@@ -503,5 +523,874 @@ mod imp {
     #[inline(always)]
     pub fn bf16_mul(a: Bf16, b: Bf16) -> Bf16 {
         Bf16::from_f32(a.to_f32() * b.to_f32())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The element math against independent references: the `half` crate, exact `f64`
+    //! arithmetic, and values whose rounding is known by construction (ties, boundaries).
+    extern crate std;
+
+    use super::*;
+    use half::{bf16, f16};
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    use std::vec::Vec;
+
+    fn f16_is_nan(h: u16) -> bool {
+        (h & 0x7fff) > 0x7c00
+    }
+    fn bf16_is_nan(h: u16) -> bool {
+        (h & 0x7fff) > 0x7f80
+    }
+
+    /// The value of finite binary16 bits, from the format's definition.
+    fn f16_value(h: u16) -> f64 {
+        let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+        let exp = i32::from((h >> 10) & 0x1f);
+        let man = f64::from(h & 0x3ff);
+        let mag = if exp == 0 {
+            man * 2f64.powi(-24)
+        } else {
+            (1024.0 + man) * 2f64.powi(exp - 25)
+        };
+        sign * mag
+    }
+
+    /// `hi + lo` rounded to `f32` with round-to-odd, where `hi` is the `f64` nearest to the
+    /// exact value `hi + lo` (`lo` may be only the error's sign). Rounding a round-to-odd
+    /// result with >= p + 2 bits to p bits (round to nearest) equals rounding the exact value
+    /// once (Boldo & Melquiond), so `half::*::from_f32` of this is the correctly rounded 16-bit
+    /// value of `hi + lo`; no double rounding is involved.
+    fn round_to_odd_f32(hi: f64, lo: f64) -> f32 {
+        let t = hi as f32;
+        if !hi.is_finite() {
+            return t;
+        }
+        if t.is_infinite() {
+            // Beyond f32::MAX: round-to-odd keeps the largest finite value (odd significand).
+            return f32::MAX.copysign(t);
+        }
+        let d = hi - f64::from(t); // exact
+        let dir = if d != 0.0 {
+            d
+        } else if lo != 0.0 {
+            lo
+        } else {
+            return t; // exact
+        };
+        if t.to_bits() & 1 == 1 {
+            t
+        } else if dir > 0.0 {
+            t.next_up()
+        } else {
+            t.next_down()
+        }
+    }
+
+    /// Correctly rounded binary16 bits of the exact value `hi + lo` (see `round_to_odd_f32`).
+    fn f16_of(hi: f64, lo: f64) -> u16 {
+        f16::from_f32(round_to_odd_f32(hi, lo)).to_bits()
+    }
+    /// Correctly rounded bfloat16 bits of the exact value `hi + lo`.
+    fn bf16_of(hi: f64, lo: f64) -> u16 {
+        bf16::from_f32(round_to_odd_f32(hi, lo)).to_bits()
+    }
+
+    /// `a + b = s + err` exactly (Knuth's TwoSum), for finite `s`.
+    fn two_sum(a: f64, b: f64) -> (f64, f64) {
+        let s = a + b;
+        if !s.is_finite() {
+            return (s, 0.0);
+        }
+        let bb = s - a;
+        (s, (a - (s - bb)) + (b - bb))
+    }
+
+    fn f16_add_ref(a: u16, b: u16) -> u16 {
+        let (x, y) = (f16::from_bits(a).to_f64(), f16::from_bits(b).to_f64());
+        let (s, err) = two_sum(x, y);
+        // Sums of two binary16 values are multiples of 2^-24 below 2^17: exact in f64.
+        assert!(
+            err == 0.0 || err.is_nan(),
+            "{a:#06x} + {b:#06x} inexact in f64"
+        );
+        f16_of(s, 0.0)
+    }
+    fn f16_mul_ref(a: u16, b: u16) -> u16 {
+        // 22-bit significands, exponents far inside f64's range: exact.
+        f16_of(f16::from_bits(a).to_f64() * f16::from_bits(b).to_f64(), 0.0)
+    }
+    fn bf16_add_ref(a: u16, b: u16) -> u16 {
+        // Not always exact in f64 (exponent gaps up to 260 bits): carry TwoSum's error.
+        let (s, err) = two_sum(bf16::from_bits(a).to_f64(), bf16::from_bits(b).to_f64());
+        bf16_of(s, err)
+    }
+    fn bf16_mul_ref(a: u16, b: u16) -> u16 {
+        // 16-bit significands, exponents >= -266: exact in f64.
+        bf16_of(
+            bf16::from_bits(a).to_f64() * bf16::from_bits(b).to_f64(),
+            0.0,
+        )
+    }
+
+    fn rng(seed: u64) -> SmallRng {
+        SmallRng::seed_from_u64(seed)
+    }
+
+    /// A 16-bit float whose exponent is within `spread` of `a`'s (field of `exp_bits` bits
+    /// above `man_bits` mantissa bits), random sign and mantissa: sums and products that round.
+    fn near(r: &mut SmallRng, a: u16, man_bits: u32, spread: i32) -> u16 {
+        let exp_max = (0x7fff_u16 >> man_bits) as i32; // all ones = inf/NaN
+        let e = ((a & 0x7fff) >> man_bits) as i32 + r.random_range(-spread..=spread);
+        let e = e.clamp(0, exp_max - 1) as u16;
+        let man = r.random::<u16>() & ((1 << man_bits) - 1);
+        (r.random::<u16>() & 0x8000) | (e << man_bits) | man
+    }
+
+    const F16_EDGES: &[u16] = &[
+        0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x03ff, 0x83ff, 0x0400, 0x8400, 0x0401, 0x1000,
+        0x3bff, 0x3c00, 0xbc00, 0x3c01, 0xbc01, 0x3e00, 0x4000, 0x4c00, 0x5800, 0x7800, 0x7bfe,
+        0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7c01, 0x7e00, 0xfe00, 0x7fff, 0x2400, 0x2000, 0x1c00,
+        0x0bff, 0x8bff, 0x5bff,
+    ];
+    const BF16_EDGES: &[u16] = &[
+        0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x007f, 0x807f, 0x0080, 0x8080, 0x0081, 0x0100,
+        0x3f7f, 0x3f80, 0xbf80, 0x3f81, 0xbf81, 0x3fc0, 0x4000, 0x4380, 0x7f00, 0x7f7e, 0x7f7f,
+        0xff7f, 0x7f80, 0xff80, 0x7f81, 0x7fc0, 0xffc0, 0x7fff, 0x1f80, 0x1f00, 0x3380, 0x3380,
+        0x0c00, 0x8c00, 0x5f7f,
+    ];
+
+    #[test]
+    fn f16_to_f32_exhaustive() {
+        for h in 0..=u16::MAX {
+            let ours = F16::from_bits(h).to_f32();
+            let theirs = f16::from_bits(h).to_f32();
+            assert_eq!(ours.to_bits(), f16_bits_to_f32(h).to_bits());
+            assert_eq!(ours.is_sign_negative(), h & 0x8000 != 0, "{h:#06x}");
+            if f16_is_nan(h) {
+                assert!(ours.is_nan() && theirs.is_nan(), "{h:#06x}");
+                // Quieted, payload kept.
+                assert_eq!(
+                    (ours.to_bits() >> 13) & 0x3ff,
+                    u32::from(h & 0x3ff) | 0x200,
+                    "{h:#06x}"
+                );
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{h:#06x}");
+                if h & 0x7fff == 0x7c00 {
+                    assert!(ours.is_infinite());
+                } else {
+                    assert_eq!(f64::from(ours), f16_value(h), "{h:#06x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_round_trip_exhaustive() {
+        for h in 0..=u16::MAX {
+            let back = F16::from_f32(F16::from_bits(h).to_f32()).to_bits();
+            let via_half = F16::from_f32(f16::from_bits(h).to_f32()).to_bits();
+            if f16_is_nan(h) {
+                assert!(
+                    f16_is_nan(back) && f16_is_nan(via_half),
+                    "{h:#06x} -> {back:#06x}"
+                );
+                assert_eq!(back & 0x8000, h & 0x8000);
+            } else {
+                assert_eq!(back, h);
+                assert_eq!(via_half, h);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_to_f32_and_round_trip_exhaustive() {
+        for h in 0..=u16::MAX {
+            let ours = Bf16::from_bits(h).to_f32();
+            let theirs = bf16::from_bits(h).to_f32();
+            let back = Bf16::from_f32(ours).to_bits();
+            assert_eq!(ours.is_sign_negative(), h & 0x8000 != 0, "{h:#06x}");
+            if bf16_is_nan(h) {
+                assert!(ours.is_nan() && theirs.is_nan(), "{h:#06x}");
+                assert!(bf16_is_nan(back), "{h:#06x} -> {back:#06x}");
+                assert_eq!(back & 0x8000, h & 0x8000);
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{h:#06x}");
+                assert_eq!(back, h);
+            }
+        }
+    }
+
+    /// Our rounding of `x` against half's, for both 16-bit types.
+    #[track_caller]
+    fn check_f32_rounding(x: f32) {
+        let (ours, theirs) = (F16::from_f32(x).to_bits(), f16::from_f32(x).to_bits());
+        if x.is_nan() {
+            assert!(
+                f16_is_nan(ours) && f16_is_nan(theirs),
+                "{:#010x} -> {ours:#06x}",
+                x.to_bits()
+            );
+            assert_eq!(ours & 0x8000 != 0, x.is_sign_negative());
+        } else {
+            assert_eq!(ours, theirs, "f16 of {:#010x} ({x:e})", x.to_bits());
+        }
+        let (ours, theirs) = (Bf16::from_f32(x).to_bits(), bf16::from_f32(x).to_bits());
+        if x.is_nan() {
+            assert!(
+                bf16_is_nan(ours) && bf16_is_nan(theirs),
+                "{:#010x} -> {ours:#06x}",
+                x.to_bits()
+            );
+            assert_eq!(ours & 0x8000 != 0, x.is_sign_negative());
+        } else {
+            assert_eq!(ours, theirs, "bf16 of {:#010x} ({x:e})", x.to_bits());
+        }
+    }
+
+    #[test]
+    fn f32_to_16bit_random_vs_half() {
+        let mut r = rng(1);
+        for _ in 0..(1 << 21) {
+            // Uniform bit patterns (every exponent, NaNs, subnormals) ...
+            check_f32_rounding(f32::from_bits(r.random()));
+            // ... and patterns whose exponent is near binary16's range, where it rounds.
+            let exp = r.random_range(100u32..=145) << 23;
+            check_f32_rounding(f32::from_bits((r.random::<u32>() & 0x807f_ffff) | exp));
+        }
+    }
+
+    #[test]
+    fn f32_to_f16_ties_and_boundaries() {
+        // Between every pair of neighbouring binary16 values (the last pair is 65504 and the
+        // overflow threshold's other side, 2^16): below the midpoint rounds down, above rounds
+        // up, the midpoint itself goes to the even one. Known by construction, not by `half`.
+        for v in 0u16..0x7c00 {
+            let lo = f16_value(v);
+            let hi = if v == 0x7bff {
+                65536.0
+            } else {
+                f16_value(v + 1)
+            };
+            let mid = ((lo + hi) / 2.0) as f32; // 12 significant bits: exact
+            assert_eq!(f64::from(mid), (lo + hi) / 2.0);
+            let even = if v & 1 == 0 { v } else { v + 1 };
+            for sign in [0u16, 0x8000] {
+                let s = if sign == 0 { 1.0f32 } else { -1.0 };
+                let cases = [
+                    (lo as f32, v),
+                    ((lo as f32).next_up(), v),
+                    (mid.next_down(), v),
+                    (mid, even),
+                    (mid.next_up(), v + 1),
+                ];
+                for (x, want) in cases {
+                    let x = s * x;
+                    assert_eq!(
+                        F16::from_f32(x).to_bits(),
+                        sign | want,
+                        "{:#010x}",
+                        x.to_bits()
+                    );
+                    check_f32_rounding(x);
+                }
+            }
+        }
+        let p = |e: i32| 2f32.powi(e);
+        let cases = [
+            (0.0, 0x0000),
+            (-0.0, 0x8000),
+            (65504.0, 0x7bff),
+            (65520.0f32.next_down(), 0x7bff),
+            (65520.0, 0x7c00), // 65504 + half an ulp: tie, to even (infinity)
+            (-65520.0, 0xfc00),
+            (f32::MAX, 0x7c00),
+            (f32::MIN, 0xfc00),
+            (f32::INFINITY, 0x7c00),
+            (f32::NEG_INFINITY, 0xfc00),
+            (f32::from_bits(1), 0x0000),
+            (-f32::from_bits(1), 0x8000),
+            (f32::MIN_POSITIVE, 0x0000),
+            (p(-24), 0x0001), // the smallest subnormal
+            (p(-25), 0x0000), // tie, to even (zero)
+            (-p(-25), 0x8000),
+            (p(-25).next_up(), 0x0001),
+            (1.5 * p(-24), 0x0002),    // tie, to even
+            (p(-14) - p(-24), 0x03ff), // the largest subnormal
+            (p(-14) - p(-25), 0x0400), // tie, to even (the smallest normal)
+            (p(-14), 0x0400),
+            (1.0 + p(-11), 0x3c00),       // tie, to even
+            (1.0 + 3.0 * p(-11), 0x3c02), // tie, to even
+        ];
+        for (x, want) in cases {
+            assert_eq!(F16::from_f32(x).to_bits(), want, "{x:e}");
+            check_f32_rounding(x);
+        }
+        for nan in [
+            0x7fc0_0000u32,
+            0x7f80_0001,
+            0xff80_0001,
+            0x7fff_ffff,
+            0xffc0_0000,
+            0x7f80_2000,
+        ] {
+            check_f32_rounding(f32::from_bits(nan));
+        }
+    }
+
+    #[test]
+    fn f32_to_bf16_ties_and_boundaries() {
+        for v in 0u16..0x7f80 {
+            // bfloat16 is the top half of an f32: the midpoint is `v` with bit 15 set.
+            let lo = f32::from_bits(u32::from(v) << 16);
+            let mid = f32::from_bits((u32::from(v) << 16) | 0x8000);
+            let even = if v & 1 == 0 { v } else { v + 1 };
+            for sign in [0u16, 0x8000] {
+                let s = if sign == 0 { 1.0f32 } else { -1.0 };
+                let cases = [
+                    (lo, v),
+                    (lo.next_up(), v),
+                    (mid.next_down(), v),
+                    (mid, even),
+                    (mid.next_up(), v + 1),
+                ];
+                for (x, want) in cases {
+                    let x = s * x;
+                    assert_eq!(
+                        Bf16::from_f32(x).to_bits(),
+                        sign | want,
+                        "{:#010x}",
+                        x.to_bits()
+                    );
+                    check_f32_rounding(x);
+                }
+            }
+        }
+        let cases: &[(u32, u16)] = &[
+            (0x7f7f_7fff, 0x7f7f), // just below the overflow threshold
+            (0x7f7f_8000, 0x7f80), // the threshold: tie, to even (infinity)
+            (0x7f7f_ffff, 0x7f80), // f32::MAX
+            (0xff7f_ffff, 0xff80),
+            (0x7f80_0000, 0x7f80),
+            (0xff80_0000, 0xff80),
+            (0x0000_8000, 0x0000), // half the smallest bf16 subnormal: tie, to even
+            (0x0000_8001, 0x0001),
+            (0x0001_8000, 0x0002),
+            (0x007f_ffff, 0x0080), // largest f32 subnormal rounds up to the smallest normal
+            (0x8000_0000, 0x8000),
+        ];
+        for &(x, want) in cases {
+            assert_eq!(
+                Bf16::from_f32(f32::from_bits(x)).to_bits(),
+                want,
+                "{x:#010x}"
+            );
+            check_f32_rounding(f32::from_bits(x));
+        }
+        for nan in [
+            0x7fc0_0000u32,
+            0x7f80_0001,
+            0xff80_0001,
+            0x7fff_ffff,
+            0xffc0_0000,
+            0x7f80_ffff,
+        ] {
+            check_f32_rounding(f32::from_bits(nan));
+        }
+    }
+
+    #[track_caller]
+    fn check_16bit_step(a: u16, b: u16) {
+        let (fa, fb) = (F16::from_bits(a), F16::from_bits(b));
+        for (got, want, what) in [
+            (fa.add(fb), f16_add_ref(a, b), "+"),
+            (fa.mul(fb), f16_mul_ref(a, b), "*"),
+        ] {
+            assert!(
+                got.same_result(F16::from_bits(want)),
+                "f16 {a:#06x} {what} {b:#06x} = {:#06x}, want {want:#06x}",
+                got.to_bits()
+            );
+        }
+        let (ba, bb) = (Bf16::from_bits(a), Bf16::from_bits(b));
+        for (got, want, what) in [
+            (ba.add(bb), bf16_add_ref(a, b), "+"),
+            (ba.mul(bb), bf16_mul_ref(a, b), "*"),
+        ] {
+            assert!(
+                got.same_result(Bf16::from_bits(want)),
+                "bf16 {a:#06x} {what} {b:#06x} = {:#06x}, want {want:#06x}",
+                got.to_bits()
+            );
+        }
+    }
+
+    #[test]
+    fn f16_bf16_add_mul_edge_pairs() {
+        for &a in F16_EDGES.iter().chain(BF16_EDGES) {
+            for &b in F16_EDGES.iter().chain(BF16_EDGES) {
+                check_16bit_step(a, b);
+            }
+        }
+        // A few results known by hand, which also check the references.
+        let f = |a: u16, b: u16| F16::from_bits(a).add(F16::from_bits(b)).to_bits();
+        assert_eq!(f(0x3c00, 0x1000), 0x3c00); // 1 + 2^-11: tie, to even
+        assert_eq!(f(0x3c01, 0x1000), 0x3c02); // tie, to even (up)
+        assert_eq!(f(0x7bff, 0x4c00), 0x7c00); // 65504 + 16 = 65520: tie, to even = inf
+        assert_eq!(f(0x7bff, 0x4bff), 0x7bff); // 65504 + 15.99: below the threshold
+        assert_eq!(f(0x8000, 0x8000), 0x8000); // -0 + -0
+        assert_eq!(f(0x0000, 0x8000), 0x0000); // +0 + -0
+        assert_eq!(f(0x3c00, 0xbc00), 0x0000); // x - x = +0
+        assert_eq!(f(0x0001, 0x0001), 0x0002); // subnormals add exactly
+        assert!(f16_is_nan(f(0x7c00, 0xfc00)));
+        let m = |a: u16, b: u16| F16::from_bits(a).mul(F16::from_bits(b)).to_bits();
+        assert_eq!(m(0x0001, 0x3800), 0x0000); // 2^-24 * 0.5: tie, to even (zero)
+        assert_eq!(m(0x0001, 0x3e00), 0x0002); // 2^-24 * 1.5: tie, to even
+        assert_eq!(m(0x8001, 0x0001), 0x8000); // underflow keeps the sign
+        assert!(f16_is_nan(m(0x0000, 0x7c00)));
+        let b = |a: u16, b: u16| Bf16::from_bits(a).add(Bf16::from_bits(b)).to_bits();
+        assert_eq!(b(0x3f80, 0x3b80), 0x3f80); // 1 + 2^-8: tie, to even
+        assert_eq!(b(0x3f81, 0x3b80), 0x3f82);
+        assert_eq!(b(0x7f7f, 0x7b00), 0x7f80); // max + 2^119 (half an ulp): tie, to even = inf
+        assert_eq!(b(0x7f7f, 0x7a80), 0x7f7f); // max + a quarter ulp
+        assert_eq!(b(0x7f7f, 0x0001), 0x7f7f); // a 254-bit exponent gap
+        assert_eq!(b(0x0001, 0x0001), 0x0002);
+    }
+
+    #[test]
+    fn f16_bf16_add_mul_random_pairs() {
+        let mut r = rng(2);
+        for a in 0..=u16::MAX {
+            for _ in 0..4 {
+                check_16bit_step(a, r.random());
+                check_16bit_step(a, near(&mut r, a, 10, 12)); // binary16 exponents
+                check_16bit_step(a, near(&mut r, a, 7, 9)); // bfloat16 exponents
+            }
+        }
+    }
+
+    #[test]
+    fn f32_f64_add_mul_keep_subnormals() {
+        let tiny = f32::from_bits(1);
+        assert_eq!(tiny.add(tiny).to_bits(), 2);
+        assert_eq!(f32::MIN_POSITIVE.mul(0.5).to_bits(), 0x0040_0000);
+        assert_eq!(
+            f32::MIN_POSITIVE
+                .add(-f32::from_bits(0x0080_0001))
+                .to_bits(),
+            0x8000_0001
+        );
+        assert_eq!(tiny.mul(0.5).to_bits(), 0); // 2^-150: tie, to even
+        assert_eq!(tiny.mul(1.5).to_bits(), 2); // tie, to even
+        let tiny = f64::from_bits(1);
+        assert_eq!(tiny.add(tiny).to_bits(), 2);
+        assert_eq!(f64::MIN_POSITIVE.mul(0.5).to_bits(), 0x0008_0000_0000_0000);
+        assert_eq!(tiny.mul(1.5).to_bits(), 2);
+        let mut r = rng(3);
+        for _ in 0..100_000 {
+            let (a, b) = (f32::from_bits(r.random()), f32::from_bits(r.random()));
+            assert!(a.add(b).same_result(a + b) && a.mul(b).same_result(a * b));
+            // Subnormal operands (exponent field 0 or 1) and subnormal results: the f64
+            // sum / product is exact, so converting it rounds once.
+            let a = f32::from_bits(r.random::<u32>() & 0x80ff_ffff);
+            let b = f32::from_bits(r.random::<u32>() & 0x80ff_ffff);
+            let c = r.random_range(-4.0f32..4.0);
+            assert_eq!(
+                a.add(b).to_bits(),
+                ((f64::from(a) + f64::from(b)) as f32).to_bits()
+            );
+            assert_eq!(
+                a.mul(c).to_bits(),
+                ((f64::from(a) * f64::from(c)) as f32).to_bits()
+            );
+        }
+    }
+
+    // ---- min / max / same_result ----
+
+    /// Reference min/max: a NaN operand is ignored; otherwise the smaller (larger) value in
+    /// IEEE's total order, where -0 < +0. Returns the chosen operand itself.
+    fn minmax_ref<T: Copy>(a: T, b: T, va: f64, vb: f64, min: bool) -> T {
+        if va.is_nan() {
+            return b;
+        }
+        if vb.is_nan() {
+            return a;
+        }
+        let a_first = va.total_cmp(&vb).is_le();
+        if a_first == min {
+            a
+        } else {
+            b
+        }
+    }
+
+    /// Checks min and max of `a, b` (values `va, vb`) against the reference, both orders.
+    #[track_caller]
+    fn check_minmax<T: Element + core::fmt::Debug>(a: T, b: T, va: f64, vb: f64) {
+        for (x, y, vx, vy) in [(a, b, va, vb), (b, a, vb, va)] {
+            for min in [true, false] {
+                let got = if min { x.min(y) } else { x.max(y) };
+                if va.is_nan() && vb.is_nan() {
+                    assert!(
+                        got.same_result(x),
+                        "both NaN must give NaN: {x:?} {y:?} -> {got:?}"
+                    );
+                } else {
+                    let want = minmax_ref(x, y, vx, vy, min);
+                    assert!(
+                        got.to_raw() == want.to_raw(),
+                        "{}({x:?}, {y:?}) = {got:?}, want {want:?}",
+                        if min { "min" } else { "max" }
+                    );
+                }
+            }
+        }
+    }
+
+    fn f32_edges() -> Vec<f32> {
+        let mut v = std::vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::EPSILON,
+        ];
+        v.extend([1u32, 0x8000_0001, 0x7f80_0001, 0xffc0_1234, 0x007f_ffff].map(f32::from_bits));
+        v
+    }
+    fn f64_edges() -> Vec<f64> {
+        let mut v = std::vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            f64::MIN_POSITIVE,
+            -f64::MIN_POSITIVE,
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            f64::EPSILON,
+        ];
+        v.extend(
+            [
+                1u64,
+                0x8000_0000_0000_0001,
+                0x7ff0_0000_0000_0001,
+                0xfff8_0000_0000_1234,
+            ]
+            .map(f64::from_bits),
+        );
+        v
+    }
+
+    #[test]
+    fn float_min_max() {
+        let mut r = rng(4);
+        let f32s: Vec<f32> = f32_edges()
+            .into_iter()
+            .chain((0..300).map(|_| f32::from_bits(r.random())))
+            .collect();
+        let f64s: Vec<f64> = f64_edges()
+            .into_iter()
+            .chain((0..300).map(|_| f64::from_bits(r.random())))
+            .collect();
+        for &a in &f32s {
+            for &b in &f32s {
+                check_minmax(a, b, f64::from(a), f64::from(b));
+            }
+        }
+        for &a in &f64s {
+            for &b in &f64s {
+                check_minmax(a, b, a, b);
+            }
+        }
+        let h16: Vec<u16> = F16_EDGES
+            .iter()
+            .chain(BF16_EDGES)
+            .copied()
+            .chain((0..300).map(|_| r.random()))
+            .collect();
+        for &a in &h16 {
+            for &b in &h16 {
+                let (fa, fb) = (f16::from_bits(a).to_f64(), f16::from_bits(b).to_f64());
+                check_minmax(F16(a), F16(b), fa, fb);
+                let (fa, fb) = (bf16::from_bits(a).to_f64(), bf16::from_bits(b).to_f64());
+                check_minmax(Bf16(a), Bf16(b), fa, fb);
+            }
+        }
+        // Spelled out: NaN ignored, -0 < +0, both NaN gives NaN.
+        assert_eq!(f32::NAN.min(2.0), 2.0);
+        assert_eq!(Element::max(2.0f32, f32::NAN), 2.0);
+        assert_eq!(Element::min(0.0f64, -0.0).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(Element::max(-0.0f64, 0.0).to_bits(), 0);
+        assert_eq!(F16(0x8000).max(F16(0x0000)), F16(0x0000));
+        assert_eq!(F16(0x0000).min(F16(0x8000)), F16(0x8000));
+        assert_eq!(Bf16(0x7fc1).min(Bf16(0xbf80)), Bf16(0xbf80));
+        assert!(Bf16(0x7fc1).max(Bf16(0xffc0)).is_nan());
+        assert!(F16(0x7e00).min(F16(0x7c01)).is_nan());
+    }
+
+    #[test]
+    fn same_result_rules() {
+        assert!(1.0f32.same_result(1.0));
+        assert!(!0.0f32.same_result(-0.0));
+        assert!(f32::NAN.same_result(f32::from_bits(0xffc0_1234)));
+        assert!(!f32::NAN.same_result(f32::INFINITY));
+        assert!(!1.0f32.same_result(f32::NAN));
+        assert!(!0.0f64.same_result(-0.0));
+        assert!(f64::NAN.same_result(-f64::NAN));
+        assert!(!f64::NAN.same_result(1.0));
+        assert!(F16(0x7e00).same_result(F16(0xfc01)));
+        assert!(!F16(0x7c00).same_result(F16(0x7c01)));
+        assert!(!F16(0x0000).same_result(F16(0x8000)));
+        assert!(Bf16(0x7fc0).same_result(Bf16(0xff81)));
+        assert!(!Bf16(0x7f80).same_result(Bf16(0x7f81)));
+        assert!(!Bf16(0x0000).same_result(Bf16(0x8000)));
+        assert!(7i8.same_result(7) && !7u64.same_result(8));
+        // Over every 16-bit pair class: same bits, or both NaN.
+        for a in (0..=u16::MAX).step_by(97) {
+            for b in (0..=u16::MAX).step_by(89) {
+                let want = a == b || (f16_is_nan(a) && f16_is_nan(b));
+                assert_eq!(F16(a).same_result(F16(b)), want, "{a:#06x} {b:#06x}");
+                let want = a == b || (bf16_is_nan(a) && bf16_is_nan(b));
+                assert_eq!(Bf16(a).same_result(Bf16(b)), want, "{a:#06x} {b:#06x}");
+            }
+        }
+    }
+
+    // ---- integers ----
+
+    /// Edge values of an integer type as raw bits: 0, 1, 2, MAX, MIN, -1 / MAX, ... and randoms.
+    fn int_samples<T: Element>(r: &mut SmallRng) -> Vec<T> {
+        let mask = u64::MAX >> (64 - 8 * T::SIZE);
+        let half = mask >> 1;
+        let mut raws = std::vec![
+            0,
+            1,
+            2,
+            3,
+            7,
+            mask,
+            mask - 1,
+            mask - 2,
+            half,
+            half - 1,
+            half + 1,
+            half + 2
+        ];
+        raws.extend((0..40).map(|_| r.random::<u64>() & mask));
+        raws.into_iter().map(T::from_raw).collect()
+    }
+
+    fn check_int_wrapping<T: Element + core::fmt::Debug>(r: &mut SmallRng) {
+        let bits = 8 * T::SIZE as u32;
+        let mask = u128::from(u64::MAX >> (64 - bits));
+        for a in int_samples::<T>(r) {
+            assert_eq!(T::from_raw(a.to_raw()), a);
+            assert_eq!(u128::from(a.to_raw()) & !mask, 0, "to_raw zero-extends");
+            for b in int_samples::<T>(r) {
+                let (x, y) = (u128::from(a.to_raw()), u128::from(b.to_raw()));
+                // Two's complement add and mul are the same mod 2^bits for signed and unsigned.
+                let sum = T::from_raw(((x + y) & mask) as u64);
+                let prod = T::from_raw(((x * y) & mask) as u64);
+                assert_eq!(a.add(b), sum, "{}: {a:?} + {b:?}", T::NAME);
+                assert_eq!(a.mul(b), prod, "{}: {a:?} * {b:?}", T::NAME);
+            }
+        }
+    }
+
+    macro_rules! int_checks {
+        ($r:expr; $($t:ty),*) => {$({
+            check_int_wrapping::<$t>($r);
+            let samples = int_samples::<$t>($r);
+            for &a in &samples {
+                for &b in &samples {
+                    assert_eq!(Element::min(a, b), Ord::min(a, b));
+                    assert_eq!(Element::max(a, b), Ord::max(a, b));
+                }
+                // div_n: truncation toward zero, computed from |a| / n in i128.
+                for n in [0u32, 1, 2, 3, 4, 7, 8, 100, 127, 128, 255, 256, 1000, 65536, 1 << 31, u32::MAX] {
+                    let got = a.div_n(n);
+                    let want = if n == 0 {
+                        a
+                    } else {
+                        let q = (a as i128).unsigned_abs() / u128::from(n);
+                        (if (a as i128) < 0 { -(q as i128) } else { q as i128 }) as $t
+                    };
+                    assert_eq!(got, want, "{}: {a} / {n}", <$t as Element>::NAME);
+                }
+            }
+        })*};
+    }
+
+    #[test]
+    fn integer_step() {
+        let mut r = rng(5);
+        int_checks!(&mut r; i8, u8, i32, u32, i64, u64);
+        // Spelled out.
+        assert_eq!(i8::MAX.add(1), i8::MIN);
+        assert_eq!(i8::MIN.mul(-1), i8::MIN);
+        assert_eq!(u8::MAX.add(1), 0);
+        assert_eq!(16u8.mul(16), 0);
+        assert_eq!(i32::MIN.add(-1), i32::MAX);
+        assert_eq!(u32::MAX.mul(u32::MAX), 1);
+        assert_eq!(i64::MIN.add(i64::MIN), 0);
+        assert_eq!(i64::MAX.mul(2), -2);
+        assert_eq!(u64::MAX.add(2), 1);
+        assert_eq!((-7i32).div_n(2), -3);
+        assert_eq!((-1i8).div_n(2), 0);
+        assert_eq!(i8::MIN.div_n(128), -1);
+        assert_eq!(i8::MIN.div_n(129), 0);
+        assert_eq!(i64::MIN.div_n(1), i64::MIN);
+        assert_eq!(i64::MIN.div_n(2), i64::MIN / 2);
+        assert_eq!(i64::MIN.div_n(3), -3_074_457_345_618_258_602);
+        assert_eq!(u64::MAX.div_n(3), 6_148_914_691_236_517_205);
+        assert_eq!(u64::MAX.div_n(u32::MAX), 4_294_967_297);
+        assert_eq!(u8::MAX.div_n(u32::MAX), 0);
+        assert_eq!(i32::MIN.div_n(0), i32::MIN);
+    }
+
+    #[test]
+    fn small_int_div_n_exhaustive() {
+        for n in 0u32..=300 {
+            for a in i8::MIN..=i8::MAX {
+                let want = if n == 0 {
+                    a
+                } else {
+                    (i32::from(a) / n as i32) as i8
+                };
+                assert_eq!(a.div_n(n), want, "{a} / {n}");
+            }
+            for a in 0..=u8::MAX {
+                let want = if n == 0 { a } else { (u32::from(a) / n) as u8 };
+                assert_eq!(a.div_n(n), want, "{a} / {n}");
+            }
+        }
+    }
+
+    // ---- float div_n (avg's last step) ----
+
+    /// Correctly rounded `x / n` for a 16-bit float: the f64 quotient plus the sign of the
+    /// exact remainder, rounded to odd in f32, then to nearest in the 16-bit type.
+    fn div_ref_f32(x: f64, n: u32) -> f32 {
+        let q = x / f64::from(n);
+        let rem = (-q).mul_add(f64::from(n), x); // x - q * n, exact
+        round_to_odd_f32(q, rem)
+    }
+
+    /// Rank counts checked exhaustively for the 16-bit types.
+    const DIV_NS: &[u32] = &[
+        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 24, 31, 32, 48, 63, 64, 100, 127,
+        255, 256, 257, 1000, 1023, 1024, 2047, 2049, 4095, 4097, 10_000, 65535, 65536,
+    ];
+
+    #[test]
+    fn f16_bf16_div_n_exhaustive() {
+        for &n in DIV_NS {
+            for h in 0..=u16::MAX {
+                let got = F16(h).div_n(n);
+                let x = f16::from_bits(h).to_f64();
+                let want = F16(f16::from_f32(div_ref_f32(x, n)).to_bits());
+                assert!(
+                    got.same_result(want),
+                    "f16 {h:#06x} / {n} = {got:?}, want {want:?}"
+                );
+                let got = Bf16(h).div_n(n);
+                let x = bf16::from_bits(h).to_f64();
+                let want = Bf16(bf16::from_f32(div_ref_f32(x, n)).to_bits());
+                assert!(
+                    got.same_result(want),
+                    "bf16 {h:#06x} / {n} = {got:?}, want {want:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn f32_f64_div_n() {
+        let mut r = rng(6);
+        let ns = [
+            1u32,
+            2,
+            3,
+            5,
+            7,
+            8,
+            9,
+            100,
+            255,
+            1000,
+            4099,
+            65537,
+            (1 << 24) - 1,
+            1 << 24,
+        ];
+        for x in f32_edges()
+            .into_iter()
+            .chain((0..20_000).map(|_| f32::from_bits(r.random())))
+        {
+            for n in ns {
+                // f64 has >= 2 * 24 + 2 bits and n is exact in f32: the double rounding
+                // through f64 is innocuous (Figueroa), so this is the correctly rounded x / n.
+                let want = (f64::from(x) / f64::from(n)) as f32;
+                assert!(x.div_n(n).same_result(want), "{x:e} / {n}");
+            }
+        }
+        for x in f64_edges()
+            .into_iter()
+            .chain((0..20_000).map(|_| f64::from_bits(r.random())))
+        {
+            for n in ns.into_iter().chain([u32::MAX]) {
+                assert!(x.div_n(n).same_result(x / f64::from(n)), "{x:e} / {n}");
+            }
+        }
+        assert_eq!(1.0f64.div_n(3).to_bits(), 0x3fd5_5555_5555_5555);
+        assert_eq!(1.0f32.div_n(3).to_bits(), 0x3eaa_aaab);
+        assert_eq!(10.0f32.div_n(4), 2.5);
+        assert_eq!(f32::from_bits(3).div_n(2).to_bits(), 2); // subnormal: 1.5 ulp, tie to even
+        assert_eq!(f64::from_bits(3).div_n(2).to_bits(), 2);
+        assert_eq!(F16(0x0003).div_n(2), F16(0x0002)); // 1.5 * 2^-24: tie, to even
+        assert_eq!(F16(0x3c00).div_n(3), F16(0x3555)); // 1/3
+        assert_eq!(Bf16(0x3f80).div_n(3), Bf16(0x3eab)); // 1/3
+    }
+
+    /// `n == 0` returns the operand unchanged; `n == 1` too, except that a NaN may be quieted.
+    #[test]
+    fn div_n_by_zero_and_one() {
+        fn check<T: Element + core::fmt::Debug>(xs: impl IntoIterator<Item = T>) {
+            for x in xs {
+                assert_eq!(x.div_n(0).to_raw(), x.to_raw(), "{x:?} / 0");
+                // Same bits, or both NaN.
+                let one = x.div_n(1);
+                assert!(one.same_result(x), "{x:?} / 1 = {one:?}");
+            }
+        }
+        let mut r = rng(7);
+        check(f32_edges());
+        check(f64_edges());
+        check((0..=u16::MAX).map(F16));
+        check((0..=u16::MAX).map(Bf16));
+        check(int_samples::<i8>(&mut r));
+        check(int_samples::<u8>(&mut r));
+        check(int_samples::<i32>(&mut r));
+        check(int_samples::<u32>(&mut r));
+        check(int_samples::<i64>(&mut r));
+        check(int_samples::<u64>(&mut r));
     }
 }
