@@ -170,7 +170,7 @@ impl Element for f32 {
     }
     #[inline(always)]
     fn same_result(self, other: Self) -> bool {
-        self.to_bits() == other.to_bits() || (self != self && other != other)
+        self.to_bits() == other.to_bits() || (self.is_nan() && other.is_nan())
     }
 }
 
@@ -179,11 +179,11 @@ impl Element for f64 {
     const NAME: &'static str = "f64";
     #[inline(always)]
     fn to_raw(self) -> u64 {
-        self.to_bits() as u64
+        self.to_bits()
     }
     #[inline(always)]
     fn from_raw(raw: u64) -> Self {
-        f64::from_bits(raw as u64)
+        f64::from_bits(raw)
     }
     #[inline(always)]
     fn add(self, other: Self) -> Self {
@@ -211,7 +211,7 @@ impl Element for f64 {
     }
     #[inline(always)]
     fn same_result(self, other: Self) -> bool {
-        self.to_bits() == other.to_bits() || (self != self && other != other)
+        self.to_bits() == other.to_bits() || (self.is_nan() && other.is_nan())
     }
 }
 
@@ -1278,7 +1278,7 @@ mod tests {
                 assert_eq!(a.div_n(n), want, "{a} / {n}");
             }
             for a in 0..=u8::MAX {
-                let want = if n == 0 { a } else { (u32::from(a) / n) as u8 };
+                let want = u32::from(a).checked_div(n).map_or(a, |q| q as u8);
                 assert_eq!(a.div_n(n), want, "{a} / {n}");
             }
         }

@@ -66,9 +66,13 @@ unsafe fn store_pack(p: *mut Pack, v: Pack) {
     }
 }
 
+// The host versions check the alignment the GPU's vector accesses need (a misaligned
+// `ld.v2.u64` faults there, while x86 would silently accept it), so the CPU tests catch a
+// pointer that reaches the vector path without being 16-byte aligned.
 #[cfg(not(target_arch = "nvptx64"))]
 #[inline(always)]
 unsafe fn load_pack(p: *const Pack) -> Pack {
+    debug_assert!(p.is_aligned(), "vector load from a misaligned address");
     // SAFETY: the caller guarantees `p` is aligned and readable for 16 bytes.
     unsafe { p.read() }
 }
@@ -76,6 +80,7 @@ unsafe fn load_pack(p: *const Pack) -> Pack {
 #[cfg(not(target_arch = "nvptx64"))]
 #[inline(always)]
 unsafe fn store_pack(p: *mut Pack, v: Pack) {
+    debug_assert!(p.is_aligned(), "vector store to a misaligned address");
     // SAFETY: the caller guarantees `p` is aligned and writable for 16 bytes.
     unsafe { p.write(v) }
 }
@@ -291,5 +296,80 @@ unsafe fn vectors<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
             }
         }
         v += step;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element::{Bf16, F16};
+    use crate::op::{Max, Sum};
+
+    /// `set_lane` writes exactly one lane and `lane` reads it back, for every lane of every type.
+    fn check_lanes<T: Element + core::fmt::Debug>() {
+        let lanes = VECTOR_BYTES / T::SIZE;
+        let mut p = Pack([0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210]);
+        let before = p;
+        for j in 0..lanes {
+            // The lane's own bytes, little-endian, as the memory layout has them.
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&before.0[0].to_le_bytes());
+            bytes[8..].copy_from_slice(&before.0[1].to_le_bytes());
+            let mut raw = 0u64;
+            for (b, &byte) in bytes[j * T::SIZE..(j + 1) * T::SIZE].iter().enumerate() {
+                raw |= u64::from(byte) << (8 * b);
+            }
+            assert_eq!(lane::<T>(&before, j).to_raw(), raw, "{} lane {j}", T::NAME);
+        }
+        for j in 0..lanes {
+            let x = T::from_raw(0xa5a5_a5a5_a5a5_a5a5 ^ j as u64);
+            set_lane(&mut p, j, x);
+            for k in 0..lanes {
+                let want = if k <= j {
+                    T::from_raw(0xa5a5_a5a5_a5a5_a5a5 ^ k as u64)
+                } else {
+                    lane(&before, k)
+                };
+                assert_eq!(
+                    lane::<T>(&p, k).to_raw(),
+                    want.to_raw(),
+                    "{} set {j} read {k}",
+                    T::NAME
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_of_every_type() {
+        check_lanes::<f32>();
+        check_lanes::<f64>();
+        check_lanes::<F16>();
+        check_lanes::<Bf16>();
+        check_lanes::<i8>();
+        check_lanes::<u8>();
+        check_lanes::<i32>();
+        check_lanes::<u32>();
+        check_lanes::<i64>();
+        check_lanes::<u64>();
+    }
+
+    #[test]
+    fn combine_and_finish_packs_lane_wise() {
+        let mut a = Pack([u64::from_le_bytes([1, 2, 3, 250, 5, 6, 7, 8]), u64::MAX]);
+        let b = Pack([u64::from_le_bytes([10, 20, 30, 10, 50, 60, 70, 80]), 1]);
+        combine_pack::<u8, Sum>(&mut a, &b);
+        assert_eq!(a.0[0].to_le_bytes(), [11, 22, 33, 4, 55, 66, 77, 88]);
+        assert_eq!(
+            a.0[1],
+            u64::from_le_bytes([0, 255, 255, 255, 255, 255, 255, 255])
+        );
+        let mut a = Pack([(-5i32 as u32 as u64) | (7u64 << 32), 3 | (9u64 << 32)]);
+        let b = Pack([2 | (8u64 << 32), (-1i32 as u32 as u64) | (9u64 << 32)]);
+        combine_pack::<i32, Max>(&mut a, &b);
+        assert_eq!(a.0, [2 | (8u64 << 32), 3 | (9u64 << 32)]);
+        let mut a = Pack([(-9i64) as u64, 9]);
+        finish_pack::<i64, crate::op::Avg>(&mut a, 2);
+        assert_eq!(a.0, [(-4i64) as u64, 4]);
     }
 }
