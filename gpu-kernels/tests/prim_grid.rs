@@ -122,9 +122,10 @@ impl<T: TestElem> Buf<T> {
         let (s, n) = (self.start, self.len);
         self.all()[s..s + n].copy_from_slice(data);
     }
+    /// The data's address, derived without a reference (`Vec::as_mut_ptr` keeps earlier raw
+    /// pointers valid, so source and in-place destination pointers may coexist).
     fn ptr(&mut self) -> *mut T {
-        let s = self.start;
-        self.all()[s..].as_mut_ptr()
+        self.mem.as_mut_ptr().cast::<T>().wrapping_add(self.start)
     }
     /// Checks the data equals `want` and every guard element still holds the sentinel.
     #[track_caller]
