@@ -1,1 +1,1241 @@
-//! TODO(helper): sim
+//! A CPU simulator that executes a finished [`Schedule`] on host arrays, with the kernels' math.
+//!
+//! Each step folds its sources in order with [`RedOp::combine`], applies [`RedOp::finish`] with
+//! the schedule's rank count when the step says so, and writes every destination: exactly what
+//! one kernel launch computes. [`Order::Issue`] runs the steps in list order;
+//! [`Order::Random`] runs them in a random order that respects only what the executor enforces
+//! (each rank's stream order, each step's `deps`, the start waits, the end waits), so a
+//! schedule whose dependencies are insufficient shows a wrong result (or a
+//! [`SimError::TouchBeforeStart`] / [`SimError::TouchAfterEnd`]) for some seed.
+//!
+//! ```
+//! use ringccl::schedule::{all_reduce, Layout};
+//! use ringccl::sim::{run, Order, SimRanks};
+//! use ringccl::RedOp;
+//! let s = all_reduce(&[0, 1, 2], 5, Layout::OutOfPlace, 2);
+//! let send: Vec<Vec<u32>> = (0..3).map(|r| vec![r as u32 + 1; 5]).collect();
+//! let mut ranks = SimRanks::new(&s, send, vec![vec![0; 5]; 3]);
+//! run(&s, RedOp::Sum, &mut ranks, Order::Random(7)).unwrap();
+//! assert!(ranks.recv.iter().all(|r| r == &vec![6; 5]));
+//! ```
+
+use crate::schedule::{BufId, Region, Schedule};
+use gpu_kernels::element::Element;
+use gpu_kernels::op::RedOp;
+use std::fmt;
+
+/// Every rank's host buffers (indexed by rank), built with [`SimRanks::new`].
+///
+/// ```
+/// use ringccl::schedule::{all_gather, Layout};
+/// use ringccl::sim::{run, Order, SimRanks};
+/// use ringccl::RedOp;
+/// let s = all_gather(&[1, 0], 2, Layout::OutOfPlace, 1);
+/// let mut ranks = SimRanks::new(&s, vec![vec![1u64, 2], vec![3, 4]], vec![vec![0; 4]; 2]);
+/// run(&s, RedOp::Sum, &mut ranks, Order::Random(9)).unwrap();
+/// assert_eq!(ranks.recv, vec![vec![1, 2, 3, 4]; 2]);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimRanks<T> {
+    /// Send buffers, one per rank (may be empty where the schedule never reads them).
+    pub send: Vec<Vec<T>>,
+    /// Receive buffers, one per rank.
+    pub recv: Vec<Vec<T>>,
+    /// Scratch buffers, one per rank.
+    pub scratch: Vec<Vec<T>>,
+}
+
+/// Bits scratch starts with: not a plausible result, so reading scratch that no step wrote
+/// shows up as a wrong answer.
+const SCRATCH_POISON: u64 = 0x5A5A_5A5A_5A5A_5A5A;
+
+impl<T: Element> SimRanks<T> {
+    /// Ranks with the given buffers and scratch of `s.scratch_len` elements each, filled with
+    /// garbage.
+    ///
+    /// ```
+    /// use ringccl::schedule::{reduce_scatter, Layout};
+    /// use ringccl::sim::SimRanks;
+    /// let s = reduce_scatter(&[0, 1, 2, 3], 4, Layout::OutOfPlace, 64);
+    /// let ranks = SimRanks::<f32>::new(&s, vec![vec![1.0; 16]; 4], vec![vec![0.0; 4]; 4]);
+    /// assert_eq!(ranks.scratch[3].len(), s.scratch_len);
+    /// ```
+    pub fn new(s: &Schedule, send: Vec<Vec<T>>, recv: Vec<Vec<T>>) -> Self {
+        let scratch = vec![vec![T::from_raw(SCRATCH_POISON); s.scratch_len]; s.nranks];
+        SimRanks {
+            send,
+            recv,
+            scratch,
+        }
+    }
+
+    fn buf(&self, r: &Region) -> &[T] {
+        let v = match r.buf {
+            BufId::Send => &self.send[r.rank],
+            BufId::Recv => &self.recv[r.rank],
+            BufId::Scratch => &self.scratch[r.rank],
+        };
+        &v[r.offset..r.end()]
+    }
+
+    fn buf_mut(&mut self, r: &Region) -> &mut [T] {
+        let v = match r.buf {
+            BufId::Send => &mut self.send[r.rank],
+            BufId::Recv => &mut self.recv[r.rank],
+            BufId::Scratch => &mut self.scratch[r.rank],
+        };
+        &mut v[r.offset..r.end()]
+    }
+
+    fn len_of(&self, r: &Region) -> usize {
+        let set = match r.buf {
+            BufId::Send => &self.send,
+            BufId::Recv => &self.recv,
+            BufId::Scratch => &self.scratch,
+        };
+        set.get(r.rank).map_or(0, Vec::len)
+    }
+}
+
+/// In which order [`run`] executes the steps.
+///
+/// ```
+/// use ringccl::sim::Order;
+/// let orders = [Order::Issue, Order::Random(1), Order::Random(2)];
+/// assert_ne!(orders[1], orders[2]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// List order (the order the host issues them).
+    Issue,
+    /// A random order, from this seed, allowed by per-rank order, `deps`, start and end waits.
+    Random(u64),
+}
+
+/// Why a schedule could not be simulated. Nothing is written when the schedule itself is
+/// malformed (checked before the first step); [`SimError::TouchBeforeStart`],
+/// [`SimError::TouchAfterEnd`] and [`SimError::Stuck`] are found while running (`Stuck` is
+/// defensive: with backward deps, which validation checks, some step can always run).
+///
+/// ```
+/// use ringccl::schedule::{BufId, Layout, Region, Schedule, Step};
+/// use ringccl::sim::{run, Order, SimError, SimRanks};
+/// use ringccl::RedOp;
+/// let mut s = Schedule::new(2);
+/// s.push(Step::copy(1, Region::new(0, BufId::Send, 0, 8), Region::new(1, BufId::Recv, 0, 8)));
+/// let s = s.finish(Layout::OutOfPlace);
+/// let mut ranks = SimRanks::new(&s, vec![vec![1u8; 4], vec![]], vec![vec![], vec![0; 8]]);
+/// let e = run(&s, RedOp::Sum, &mut ranks, Order::Issue).unwrap_err();
+/// assert!(matches!(e, SimError::OutOfRange { step: 0, buf_len: 4, .. }));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimError {
+    /// `SimRanks` or the schedule's wait lists do not have one entry per rank.
+    RankCount {
+        /// The schedule's rank count.
+        expected: usize,
+        /// What was found.
+        found: usize,
+    },
+    /// A step is not a primitive the kernels implement, or its regions are inconsistent.
+    BadStep {
+        /// Step index.
+        step: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A region lies outside its buffer.
+    OutOfRange {
+        /// Step index.
+        step: usize,
+        /// The region.
+        region: Region,
+        /// Length of the buffer it names.
+        buf_len: usize,
+    },
+    /// A dependency that is not an earlier step of another rank (or an end wait that is not a
+    /// step).
+    BadDep {
+        /// Step index (`usize::MAX` for an end wait).
+        step: usize,
+        /// The dependency.
+        dep: usize,
+    },
+    /// A step touched a rank's memory before that rank reached the call (missing start wait).
+    TouchBeforeStart {
+        /// Step index.
+        step: usize,
+        /// The rank whose memory it touched.
+        rank: usize,
+    },
+    /// A step touched a rank's memory after that rank's call completed (missing end wait).
+    TouchAfterEnd {
+        /// Step index.
+        step: usize,
+        /// The rank whose memory it touched.
+        rank: usize,
+    },
+    /// No step can run but some remain (cyclic waits).
+    Stuck {
+        /// Steps executed.
+        done: usize,
+        /// Steps in the schedule.
+        total: usize,
+    },
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::RankCount { expected, found } => {
+                write!(
+                    f,
+                    "expected {expected} ranks' buffers or wait lists, found {found}"
+                )
+            }
+            SimError::BadStep { step, reason } => write!(f, "step {step}: {reason}"),
+            SimError::OutOfRange {
+                step,
+                region,
+                buf_len,
+            } => {
+                write!(
+                    f,
+                    "step {step}: region {region:?} outside its buffer of {buf_len} elements"
+                )
+            }
+            SimError::BadDep { step, dep } => {
+                write!(
+                    f,
+                    "step {step}: dependency {dep} is not an earlier step of another rank"
+                )
+            }
+            SimError::TouchBeforeStart { step, rank } => {
+                write!(
+                    f,
+                    "step {step} touched rank {rank}'s memory before rank {rank} started"
+                )
+            }
+            SimError::TouchAfterEnd { step, rank } => {
+                write!(
+                    f,
+                    "step {step} touched rank {rank}'s memory after rank {rank} finished"
+                )
+            }
+            SimError::Stuck { done, total } => {
+                write!(
+                    f,
+                    "no step can run after {done} of {total}: the waits form a cycle"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// Checks that every step is an executable primitive over existing memory.
+fn validate<T: Element>(s: &Schedule, ranks: &SimRanks<T>) -> Result<(), SimError> {
+    let n = s.nranks;
+    for found in [
+        ranks.send.len(),
+        ranks.recv.len(),
+        ranks.scratch.len(),
+        s.start_waits.len(),
+        s.end_waits.len(),
+    ] {
+        if found != n {
+            return Err(SimError::RankCount { expected: n, found });
+        }
+    }
+    for (j, st) in s.steps.iter().enumerate() {
+        let bad = |reason| Err(SimError::BadStep { step: j, reason });
+        if st.exec >= n {
+            return bad("executing rank out of range");
+        }
+        if st.srcs.is_empty() || st.srcs.len() > gpu_kernels::prim::MAX_SRCS {
+            return bad("a step reads 1 to 8 sources");
+        }
+        if st.dsts.is_empty() || st.dsts.len() > 2 || (st.srcs.len() > 2 && st.dsts.len() > 1) {
+            return bad("a step writes 1 or 2 destinations (1 for a reduce of 3+ sources)");
+        }
+        if st.srcs.len() == 1 && st.finish && n > 1 {
+            return bad("a copy cannot apply the operator's final step");
+        }
+        let len = st.dsts[0].len;
+        for r in st.srcs.iter().chain(&st.dsts) {
+            if r.rank >= n {
+                return bad("region on a rank out of range");
+            }
+            if r.len != len {
+                return bad("regions of one step differ in length");
+            }
+            let buf_len = ranks.len_of(r);
+            if r.end() > buf_len || r.offset.checked_add(r.len).is_none() {
+                return Err(SimError::OutOfRange {
+                    step: j,
+                    region: *r,
+                    buf_len,
+                });
+            }
+        }
+        for (i, d) in st.dsts.iter().enumerate() {
+            if st.srcs.iter().any(|src| src != d && src.overlaps(d)) {
+                return bad("a destination partially overlaps a source");
+            }
+            if st.dsts[..i].iter().any(|e| e.overlaps(d)) {
+                return bad("the destinations overlap");
+            }
+        }
+        for &d in &st.deps {
+            if d >= j || s.steps[d].exec == st.exec {
+                return Err(SimError::BadDep { step: j, dep: d });
+            }
+        }
+    }
+    for (r, w) in s.start_waits.iter().enumerate() {
+        if w.iter().any(|&q| q >= n || q == r) {
+            return Err(SimError::BadStep {
+                step: usize::MAX,
+                reason: "start wait on an invalid rank",
+            });
+        }
+    }
+    for w in &s.end_waits {
+        if let Some(&d) = w.iter().find(|&&d| d >= s.steps.len()) {
+            return Err(SimError::BadDep {
+                step: usize::MAX,
+                dep: d,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Executes step `j` (validated).
+fn exec_step<T: Element>(s: &Schedule, j: usize, op: RedOp, ranks: &mut SimRanks<T>) {
+    let st = &s.steps[j];
+    let mut acc: Vec<T> = ranks.buf(&st.srcs[0]).to_vec();
+    for src in &st.srcs[1..] {
+        for (a, &b) in acc.iter_mut().zip(ranks.buf(src)) {
+            *a = op.combine(*a, b);
+        }
+    }
+    if st.finish {
+        let postdiv = u32::try_from(s.nranks).unwrap_or(u32::MAX);
+        for a in &mut acc {
+            *a = op.finish(*a, postdiv);
+        }
+    }
+    for d in &st.dsts {
+        ranks.buf_mut(d).copy_from_slice(&acc);
+    }
+}
+
+/// SplitMix64: a small deterministic generator for the random order.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z % n as u64) as usize
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Event {
+    Start(usize),
+    Step(usize),
+    End(usize),
+}
+
+/// Runs the finished schedule `s` with operator `op` on `ranks`, in `order`.
+///
+/// ```
+/// use ringccl::schedule::{broadcast, Layout};
+/// use ringccl::sim::{run, Order, SimRanks};
+/// use ringccl::RedOp;
+/// let s = broadcast(&[0, 1, 2, 3], 3, 1, Layout::OutOfPlace, 1);
+/// let send = vec![vec![], vec![7i64, 8, 9], vec![], vec![]];
+/// let mut ranks = SimRanks::new(&s, send, vec![vec![0; 3]; 4]);
+/// run(&s, RedOp::Sum, &mut ranks, Order::Issue).unwrap();
+/// assert!(ranks.recv.iter().all(|r| r == &vec![7, 8, 9]));
+/// ```
+pub fn run<T: Element>(
+    s: &Schedule,
+    op: RedOp,
+    ranks: &mut SimRanks<T>,
+    order: Order,
+) -> Result<(), SimError> {
+    validate(s, ranks)?;
+    let seed = match order {
+        Order::Issue => {
+            for j in 0..s.steps.len() {
+                exec_step(s, j, op, ranks);
+            }
+            return Ok(());
+        }
+        Order::Random(seed) => seed,
+    };
+    let n = s.nranks;
+    let mut rng = Rng(seed);
+    let per_rank: Vec<Vec<usize>> = (0..n)
+        .map(|r| s.steps_of(r).map(|(j, _)| j).collect())
+        .collect();
+    let mut next = vec![0usize; n];
+    let mut started = vec![false; n];
+    let mut ended = vec![false; n];
+    let mut done = vec![false; s.steps.len()];
+    let mut ndone = 0;
+    let mut start_ok = vec![false; n];
+    let mut ready = Vec::with_capacity(n);
+    loop {
+        ready.clear();
+        for r in 0..n {
+            if !started[r] {
+                ready.push(Event::Start(r));
+            } else if let Some(&j) = per_rank[r].get(next[r]) {
+                start_ok[r] = start_ok[r] || s.start_waits[r].iter().all(|&q| started[q]);
+                if start_ok[r] && s.steps[j].deps.iter().all(|&d| done[d]) {
+                    ready.push(Event::Step(j));
+                }
+            } else if !ended[r] && s.end_waits[r].iter().all(|&d| done[d]) {
+                ready.push(Event::End(r));
+            }
+        }
+        if ready.is_empty() {
+            if ended.iter().all(|&e| e) {
+                return Ok(());
+            }
+            return Err(SimError::Stuck {
+                done: ndone,
+                total: s.steps.len(),
+            });
+        }
+        match ready[rng.below(ready.len())] {
+            Event::Start(r) => started[r] = true,
+            Event::End(r) => ended[r] = true,
+            Event::Step(j) => {
+                let st = &s.steps[j];
+                for reg in st.srcs.iter().chain(&st.dsts) {
+                    if !started[reg.rank] {
+                        return Err(SimError::TouchBeforeStart {
+                            step: j,
+                            rank: reg.rank,
+                        });
+                    }
+                    if ended[reg.rank] {
+                        return Err(SimError::TouchAfterEnd {
+                            step: j,
+                            rank: reg.rank,
+                        });
+                    }
+                }
+                exec_step(s, j, op, ranks);
+                done[j] = true;
+                ndone += 1;
+                next[st.exec] += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::tests::check_invariants;
+    use crate::schedule::{self as sch, Layout, P2p, Step};
+
+    /// Element types the tests use, with data that every operator reduces exactly in any order.
+    trait TestElem: Element + fmt::Debug {
+        fn val(h: u64, op: RedOp) -> Self;
+    }
+    impl TestElem for u32 {
+        fn val(h: u64, _: RedOp) -> Self {
+            (h >> 32) as u32 // full range: sums and products wrap
+        }
+    }
+    impl TestElem for i64 {
+        fn val(h: u64, _: RedOp) -> Self {
+            h as i64
+        }
+    }
+    impl TestElem for u8 {
+        fn val(h: u64, _: RedOp) -> Self {
+            (h >> 56) as u8
+        }
+    }
+    impl TestElem for f32 {
+        fn val(h: u64, op: RedOp) -> Self {
+            let k = (h >> 40) % 7;
+            match op {
+                // ±2^-1, ±2^0, ±2^1: every product of 16 is exact.
+                RedOp::Prod => {
+                    let m = [0.5, 1.0, 2.0][(k % 3) as usize];
+                    if k >= 4 {
+                        -m
+                    } else {
+                        m
+                    }
+                }
+                // Small integers: every sum of 16 is exact.
+                _ => k as f32 - 3.0,
+            }
+        }
+    }
+
+    fn hash(a: u64, b: u64, c: u64) -> u64 {
+        let mut z =
+            a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ c;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Per-rank data of `len` elements.
+    fn data<T: TestElem>(op: RedOp, n: usize, len: usize, salt: u64) -> Vec<Vec<T>> {
+        (0..n)
+            .map(|r| {
+                (0..len)
+                    .map(|i| T::val(hash(r as u64, i as u64, salt), op))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The reference: fold over ranks in rank order, then finish with n.
+    fn red<T: TestElem>(op: RedOp, vals: impl Iterator<Item = T>, n: usize) -> T {
+        let folded = vals
+            .reduce(|a, b| op.combine(a, b))
+            .expect("at least one rank");
+        op.finish(folded, n as u32)
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Coll {
+        AllReduce,
+        ReduceScatter,
+        AllGather,
+        Broadcast,
+        Reduce,
+        AllToAll,
+        Gather,
+        Scatter,
+    }
+
+    fn layout_for(coll: Coll, count: usize, in_place: bool) -> Layout {
+        if !in_place {
+            return Layout::OutOfPlace;
+        }
+        match coll {
+            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::AllToAll => {
+                Layout::SendInRecv { stride: 0 }
+            }
+            Coll::AllGather | Coll::Gather => Layout::SendInRecv { stride: count },
+            Coll::ReduceScatter | Coll::Scatter => Layout::RecvInSend { stride: count },
+        }
+    }
+
+    fn build(
+        coll: Coll,
+        ring: &[usize],
+        count: usize,
+        root: usize,
+        layout: Layout,
+        chunk: usize,
+    ) -> Schedule {
+        match coll {
+            Coll::AllReduce => sch::all_reduce(ring, count, layout, chunk),
+            Coll::ReduceScatter => sch::reduce_scatter(ring, count, layout, chunk),
+            Coll::AllGather => sch::all_gather(ring, count, layout, chunk),
+            Coll::Broadcast => sch::broadcast(ring, count, root, layout, chunk),
+            Coll::Reduce => sch::reduce(ring, count, root, layout, chunk),
+            Coll::AllToAll => sch::all_to_all(ring, count, layout, chunk),
+            Coll::Gather => sch::gather(ring, count, root, layout, chunk),
+            Coll::Scatter => sch::scatter(ring, count, root, layout, chunk),
+        }
+    }
+
+    /// Initial buffers and the buffers expected afterwards.
+    struct Setup<T> {
+        send: Vec<Vec<T>>,
+        recv: Vec<Vec<T>>,
+        exp_send: Vec<Vec<T>>,
+        exp_recv: Vec<Vec<T>>,
+    }
+
+    fn setup<T: TestElem>(
+        coll: Coll,
+        n: usize,
+        c: usize,
+        root: usize,
+        in_place: bool,
+        op: RedOp,
+    ) -> Setup<T> {
+        let empty = || vec![Vec::<T>::new(); n];
+        let garb = |len: usize| data::<T>(op, n, len, 0xBAD);
+        match coll {
+            Coll::AllReduce => {
+                let inp = data::<T>(op, n, c, 1);
+                let res: Vec<T> = (0..c)
+                    .map(|i| red(op, inp.iter().map(|v| v[i]), n))
+                    .collect();
+                let exp_recv = vec![res; n];
+                if in_place {
+                    Setup {
+                        send: empty(),
+                        recv: inp,
+                        exp_send: empty(),
+                        exp_recv,
+                    }
+                } else {
+                    Setup {
+                        send: inp.clone(),
+                        recv: garb(c),
+                        exp_send: inp,
+                        exp_recv,
+                    }
+                }
+            }
+            Coll::ReduceScatter => {
+                let inp = data::<T>(op, n, n * c, 2);
+                let res: Vec<Vec<T>> = (0..n)
+                    .map(|r| {
+                        (0..c)
+                            .map(|i| red(op, inp.iter().map(|v| v[r * c + i]), n))
+                            .collect()
+                    })
+                    .collect();
+                if in_place {
+                    let mut exp_send = inp.clone();
+                    for r in 0..n {
+                        exp_send[r][r * c..(r + 1) * c].copy_from_slice(&res[r]);
+                    }
+                    Setup {
+                        send: inp,
+                        recv: empty(),
+                        exp_send,
+                        exp_recv: empty(),
+                    }
+                } else {
+                    Setup {
+                        send: inp.clone(),
+                        recv: garb(c),
+                        exp_send: inp,
+                        exp_recv: res,
+                    }
+                }
+            }
+            Coll::AllGather => {
+                let inp = data::<T>(op, n, c, 3);
+                let full: Vec<T> = inp.concat();
+                if in_place {
+                    let mut recv = garb(n * c);
+                    for r in 0..n {
+                        recv[r][r * c..(r + 1) * c].copy_from_slice(&inp[r]);
+                    }
+                    Setup {
+                        send: empty(),
+                        recv,
+                        exp_send: empty(),
+                        exp_recv: vec![full; n],
+                    }
+                } else {
+                    Setup {
+                        send: inp.clone(),
+                        recv: garb(n * c),
+                        exp_send: inp,
+                        exp_recv: vec![full; n],
+                    }
+                }
+            }
+            Coll::Broadcast => {
+                let inp = data::<T>(op, n, c, 4);
+                let mut send = empty();
+                let mut recv = garb(c);
+                if in_place {
+                    recv[root] = inp[root].clone();
+                } else {
+                    send[root] = inp[root].clone();
+                }
+                Setup {
+                    exp_send: send.clone(),
+                    send,
+                    recv,
+                    exp_recv: vec![inp[root].clone(); n],
+                }
+            }
+            Coll::Reduce => {
+                let mut send = data::<T>(op, n, c, 5);
+                let res: Vec<T> = (0..c)
+                    .map(|i| red(op, send.iter().map(|v| v[i]), n))
+                    .collect();
+                let mut recv = garb(c);
+                let mut exp_recv = recv.clone();
+                exp_recv[root] = res;
+                if in_place {
+                    recv[root] = std::mem::take(&mut send[root]);
+                }
+                Setup {
+                    exp_send: send.clone(),
+                    send,
+                    recv,
+                    exp_recv,
+                }
+            }
+            Coll::AllToAll => {
+                let inp = data::<T>(op, n, n * c, 6);
+                let res: Vec<Vec<T>> = (0..n)
+                    .map(|r| {
+                        (0..n)
+                            .flat_map(|q| inp[q][r * c..(r + 1) * c].to_vec())
+                            .collect()
+                    })
+                    .collect();
+                if in_place {
+                    Setup {
+                        send: empty(),
+                        recv: inp,
+                        exp_send: empty(),
+                        exp_recv: res,
+                    }
+                } else {
+                    Setup {
+                        send: inp.clone(),
+                        recv: garb(n * c),
+                        exp_send: inp,
+                        exp_recv: res,
+                    }
+                }
+            }
+            Coll::Gather => {
+                let mut send = data::<T>(op, n, c, 7);
+                let mut recv = garb(n * c);
+                let mut exp_recv = recv.clone();
+                exp_recv[root] = send.concat();
+                if in_place {
+                    recv[root][root * c..(root + 1) * c].copy_from_slice(&send[root]);
+                    send[root].clear();
+                }
+                Setup {
+                    exp_send: send.clone(),
+                    send,
+                    recv,
+                    exp_recv,
+                }
+            }
+            Coll::Scatter => {
+                let inp = data::<T>(op, n, n * c, 8);
+                let mut send = empty();
+                send[root] = inp[root].clone();
+                let mut recv = garb(c);
+                let mut exp_recv: Vec<Vec<T>> = (0..n)
+                    .map(|q| inp[root][q * c..(q + 1) * c].to_vec())
+                    .collect();
+                if in_place {
+                    recv[root].clear();
+                    exp_recv[root].clear();
+                }
+                Setup {
+                    exp_send: send.clone(),
+                    send,
+                    recv,
+                    exp_recv,
+                }
+            }
+        }
+    }
+
+    fn assert_same<T: TestElem>(got: &[Vec<T>], want: &[Vec<T>], what: &str, ctx: &str) {
+        assert_eq!(got.len(), want.len(), "{ctx}: {what} rank count");
+        for (r, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g.len(), w.len(), "{ctx}: {what}[{r}] length");
+            if let Some(i) = (0..g.len()).find(|&i| !g[i].same_result(w[i])) {
+                panic!("{ctx}: {what}[{r}][{i}] = {:?}, expected {:?}", g[i], w[i]);
+            }
+        }
+    }
+
+    const ORDERS: [Order; 3] = [Order::Issue, Order::Random(0x5EED), Order::Random(42)];
+
+    #[allow(clippy::too_many_arguments)]
+    fn check<T: TestElem>(
+        coll: Coll,
+        ring: &[usize],
+        count: usize,
+        root: usize,
+        in_place: bool,
+        chunk: usize,
+        op: RedOp,
+        orders: &[Order],
+    ) {
+        let n = ring.len();
+        let layout = layout_for(coll, count, in_place);
+        let s = build(coll, ring, count, root, layout, chunk);
+        check_invariants(&s);
+        if count == 0 {
+            assert!(s.steps.is_empty());
+        }
+        let st = setup::<T>(coll, n, count, root, in_place, op);
+        for &order in orders {
+            let ctx = format!(
+                "{coll:?} {} ring {ring:?} count {count} root {root} {layout:?} chunk {chunk} {op:?} {order:?}",
+                T::NAME
+            );
+            let mut ranks = SimRanks::new(&s, st.send.clone(), st.recv.clone());
+            if let Err(e) = run(&s, op, &mut ranks, order) {
+                panic!("{ctx}: {e}");
+            }
+            assert_same(&ranks.send, &st.exp_send, "send", &ctx);
+            assert_same(&ranks.recv, &st.exp_recv, "recv", &ctx);
+        }
+    }
+
+    fn rooted(coll: Coll) -> bool {
+        matches!(
+            coll,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
+    }
+
+    /// n in 1..=16, awkward counts, pipelining chunk sizes, both layouts; u32, the operator
+    /// (and root) varying from case to case.
+    fn sweep_counts(coll: Coll) {
+        let mut case = 0usize;
+        for n in 1..=16 {
+            let ring: Vec<usize> = (0..n).collect();
+            let mut counts = vec![0, 1, n - 1, n, n + 1, 7];
+            counts.sort_unstable();
+            counts.dedup();
+            for &count in &counts {
+                for chunk in [1, 3, 64] {
+                    if chunk == 1 && n > 8 && count > 7 {
+                        continue; // thousands of one-element steps: covered by n <= 8
+                    }
+                    for in_place in [false, true] {
+                        case += 1;
+                        let op = RedOp::ALL[case % 5];
+                        let root = if rooted(coll) { case % n } else { 0 };
+                        let orders = [Order::Issue, Order::Random(case as u64)];
+                        check::<u32>(coll, &ring, count, root, in_place, chunk, op, &orders);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every root, n in 1..=16, identity and reversed rings.
+    fn sweep_roots(coll: Coll) {
+        for n in 1..=16 {
+            for ring in [(0..n).collect::<Vec<_>>(), (0..n).rev().collect()] {
+                for root in 0..n {
+                    for in_place in [false, true] {
+                        let op = RedOp::ALL[(n + root) % 5];
+                        check::<i64>(coll, &ring, n + 2, root, in_place, 2, op, &ORDERS[..2]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every operator and four element types, a few rank counts.
+    fn sweep_ops_types(coll: Coll) {
+        for n in [1, 2, 3, 4, 7] {
+            let ring: Vec<usize> = (0..n).collect();
+            let root = n / 2;
+            for op in RedOp::ALL {
+                for in_place in [false, true] {
+                    check::<u32>(coll, &ring, 13, root, in_place, 4, op, &ORDERS);
+                    check::<i64>(coll, &ring, 13, root, in_place, 4, op, &ORDERS);
+                    check::<u8>(coll, &ring, 13, root, in_place, 4, op, &ORDERS);
+                    check::<f32>(coll, &ring, 13, root, in_place, 4, op, &ORDERS);
+                }
+            }
+        }
+    }
+
+    /// Shuffled rings and a count of 4097 (pipelined in chunks of 64 and 1000).
+    fn sweep_rings_large(coll: Coll) {
+        let mut seed = Rng(coll as u64 + 1);
+        for n in [2, 3, 5, 8, 16] {
+            let mut ring: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                ring.swap(i, seed.below(i + 1));
+            }
+            let count = if coll == Coll::AllToAll && n > 8 {
+                257
+            } else {
+                4097
+            };
+            for (k, chunk) in [64, 1000].into_iter().enumerate() {
+                let in_place = k == 1;
+                let root = seed.below(n);
+                let op = RedOp::ALL[seed.below(5)];
+                check::<u32>(
+                    coll,
+                    &ring,
+                    count,
+                    root,
+                    in_place,
+                    chunk,
+                    op,
+                    &[Order::Issue, Order::Random(n as u64)],
+                );
+            }
+            check::<f32>(coll, &ring, 100, n - 1, false, 7, RedOp::Avg, &ORDERS);
+        }
+    }
+
+    macro_rules! sweeps {
+        ($($name:ident: $coll:expr;)*) => {$(
+            mod $name {
+                use super::*;
+                #[test]
+                fn every_n_count_chunk_and_layout() {
+                    sweep_counts($coll);
+                }
+                #[test]
+                fn every_op_and_element_type() {
+                    sweep_ops_types($coll);
+                }
+                #[test]
+                fn shuffled_rings_and_large_counts() {
+                    sweep_rings_large($coll);
+                }
+                #[test]
+                fn every_root_and_ring_direction() {
+                    if rooted($coll) {
+                        sweep_roots($coll);
+                    } else {
+                        // Unrooted: reversed rings with every n instead.
+                        for n in 1..=16 {
+                            let ring: Vec<usize> = (0..n).rev().collect();
+                            for in_place in [false, true] {
+                                check::<i64>($coll, &ring, n + 2, 0, in_place, 2, RedOp::ALL[n % 5], &ORDERS[..2]);
+                            }
+                        }
+                    }
+                }
+            }
+        )*};
+    }
+
+    sweeps! {
+        all_reduce: Coll::AllReduce;
+        reduce_scatter: Coll::ReduceScatter;
+        all_gather: Coll::AllGather;
+        broadcast: Coll::Broadcast;
+        reduce: Coll::Reduce;
+        all_to_all: Coll::AllToAll;
+        gather: Coll::Gather;
+        scatter: Coll::Scatter;
+    }
+
+    /// Runs a send/recv group and checks it against a direct reference.
+    fn check_p2p(n: usize, pairs: &[P2p], layout: Layout, chunk: usize) {
+        let ring: Vec<usize> = (0..n).collect();
+        let s = sch::send_recv(&ring, pairs, layout, chunk);
+        check_invariants(&s);
+        let (mut sent, mut got) = (vec![0; n], vec![0; n]);
+        let mut placed = Vec::new();
+        for p in pairs {
+            placed.push((*p, sent[p.from], got[p.to]));
+            sent[p.from] += p.count;
+            got[p.to] += p.count;
+        }
+        let in_place = layout == Layout::SendInRecv { stride: 0 };
+        let len = |r: usize| {
+            if in_place {
+                sent[r].max(got[r])
+            } else {
+                sent[r]
+            }
+        };
+        let inp: Vec<Vec<u64>> = (0..n)
+            .map(|r| (0..len(r)).map(|i| hash(r as u64, i as u64, 9)).collect())
+            .collect();
+        let garb: Vec<Vec<u64>> = (0..n)
+            .map(|r| (0..got[r]).map(|i| hash(r as u64, i as u64, 10)).collect())
+            .collect();
+        let (send, recv) = if in_place {
+            (vec![Vec::new(); n], inp.clone())
+        } else {
+            (inp.clone(), garb)
+        };
+        let mut exp_recv = recv.clone();
+        for &(p, so, ro) in &placed {
+            exp_recv[p.to][ro..ro + p.count].copy_from_slice(&inp[p.from][so..so + p.count]);
+        }
+        for order in ORDERS {
+            let mut ranks = SimRanks::new(&s, send.clone(), recv.clone());
+            run(&s, RedOp::Sum, &mut ranks, order).unwrap();
+            assert_eq!(ranks.send, send, "{pairs:?} {order:?}");
+            assert_eq!(ranks.recv, exp_recv, "{pairs:?} {layout:?} {order:?}");
+        }
+    }
+
+    #[test]
+    fn send_recv_ring_exchange_every_n() {
+        for n in 1..=16 {
+            let pairs: Vec<P2p> = (0..n)
+                .map(|r| P2p {
+                    from: r,
+                    to: (r + 1) % n,
+                    count: 7 + r,
+                })
+                .collect();
+            for chunk in [1, 3, 64] {
+                check_p2p(n, &pairs, Layout::OutOfPlace, chunk);
+                check_p2p(n, &pairs, Layout::SendInRecv { stride: 0 }, chunk);
+            }
+        }
+    }
+
+    #[test]
+    fn send_recv_groups_with_fan_in_fan_out_and_self() {
+        for n in [1, 2, 3, 5, 8] {
+            let mut pairs = Vec::new();
+            for a in 0..n {
+                for b in 0..n {
+                    pairs.push(P2p {
+                        from: a,
+                        to: b,
+                        count: (a * 3 + b) % 5,
+                    });
+                }
+            }
+            for layout in [Layout::OutOfPlace, Layout::SendInRecv { stride: 0 }] {
+                check_p2p(n, &pairs, layout, 2);
+                check_p2p(n, &pairs, layout, 4097);
+            }
+        }
+        check_p2p(
+            4,
+            &[
+                P2p {
+                    from: 2,
+                    to: 0,
+                    count: 4097,
+                },
+                P2p {
+                    from: 0,
+                    to: 2,
+                    count: 1,
+                },
+            ],
+            Layout::OutOfPlace,
+            64,
+        );
+        check_p2p(3, &[], Layout::OutOfPlace, 64);
+    }
+
+    #[test]
+    fn all_to_all_with_recv_in_send() {
+        for n in [1, 2, 3, 6] {
+            let ring: Vec<usize> = (0..n).collect();
+            let c = 5;
+            let s = sch::all_to_all(&ring, c, Layout::RecvInSend { stride: 0 }, 2);
+            check_invariants(&s);
+            let inp = data::<u32>(RedOp::Sum, n, n * c, 11);
+            let res: Vec<Vec<u32>> = (0..n)
+                .map(|r| {
+                    (0..n)
+                        .flat_map(|q| inp[q][r * c..(r + 1) * c].to_vec())
+                        .collect()
+                })
+                .collect();
+            for order in ORDERS {
+                let mut ranks = SimRanks::new(&s, inp.clone(), vec![Vec::new(); n]);
+                run(&s, RedOp::Sum, &mut ranks, order).unwrap();
+                assert_eq!(ranks.send, res);
+            }
+        }
+    }
+
+    #[test]
+    fn single_rank_all_reduce_avg_divides_by_one() {
+        let s = sch::all_reduce(&[0], 5, Layout::OutOfPlace, 2);
+        let mut ranks = SimRanks::new(&s, vec![vec![3i32, -7, 9, 1, 0]], vec![vec![0; 5]]);
+        run(&s, RedOp::Avg, &mut ranks, Order::Issue).unwrap();
+        assert_eq!(ranks.recv[0], ranks.send[0]);
+        assert!(
+            sch::all_reduce(&[0], 5, Layout::SendInRecv { stride: 0 }, 2)
+                .steps
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn avg_of_floats_is_rounded_once_at_the_end() {
+        // 1 + 1 + 2 = 4 over 3 ranks: 4/3 correctly rounded, not (1/3 + 1/3 + 2/3).
+        let s = sch::all_reduce(&[2, 0, 1], 3, Layout::OutOfPlace, 1);
+        let send = vec![vec![1.0f32; 3], vec![1.0; 3], vec![2.0; 3]];
+        let mut ranks = SimRanks::new(&s, send, vec![vec![0.0; 3]; 3]);
+        run(&s, RedOp::Avg, &mut ranks, Order::Random(3)).unwrap();
+        assert!(ranks.recv.iter().flatten().all(|&x| x == 4.0f32 / 3.0));
+    }
+
+    /// Random orders expose a schedule whose synchronisation was removed: the simulator is
+    /// strong enough to prove the derived deps matter.
+    #[test]
+    fn stripping_deps_is_caught_by_random_orders() {
+        let ring = [0, 1, 2, 3];
+        let mut s = sch::all_reduce(&ring, 64, Layout::OutOfPlace, 8);
+        for st in &mut s.steps {
+            st.deps.clear();
+        }
+        let st = setup::<u32>(Coll::AllReduce, 4, 64, 0, false, RedOp::Sum);
+        let wrong = (0..20).any(|seed| {
+            let mut ranks = SimRanks::new(&s, st.send.clone(), st.recv.clone());
+            run(&s, RedOp::Sum, &mut ranks, Order::Random(seed)).is_err()
+                || ranks.recv != st.exp_recv
+        });
+        assert!(wrong);
+        // Issue order needs no deps at all.
+        let mut ranks = SimRanks::new(&s, st.send.clone(), st.recv.clone());
+        run(&s, RedOp::Sum, &mut ranks, Order::Issue).unwrap();
+        assert_eq!(ranks.recv, st.exp_recv);
+    }
+
+    #[test]
+    fn missing_start_waits_are_caught() {
+        let mut s = sch::all_gather(&[0, 1, 2], 8, Layout::OutOfPlace, 4);
+        s.start_waits = vec![Vec::new(); 3];
+        let st = setup::<u32>(Coll::AllGather, 3, 8, 0, false, RedOp::Sum);
+        let caught = (0..20).any(|seed| {
+            let mut ranks = SimRanks::new(&s, st.send.clone(), st.recv.clone());
+            matches!(
+                run(&s, RedOp::Sum, &mut ranks, Order::Random(seed)),
+                Err(SimError::TouchBeforeStart { .. })
+            )
+        });
+        assert!(caught);
+    }
+
+    #[test]
+    fn missing_end_waits_are_caught() {
+        let mut s = sch::all_reduce(&[0, 1], 8, Layout::OutOfPlace, 4);
+        s.end_waits = vec![Vec::new(); 2];
+        let st = setup::<u32>(Coll::AllReduce, 2, 8, 0, false, RedOp::Sum);
+        let caught = (0..20).any(|seed| {
+            let mut ranks = SimRanks::new(&s, st.send.clone(), st.recv.clone());
+            matches!(
+                run(&s, RedOp::Sum, &mut ranks, Order::Random(seed)),
+                Err(SimError::TouchAfterEnd { .. })
+            )
+        });
+        assert!(caught);
+    }
+
+    #[test]
+    fn malformed_schedules_are_errors_not_panics() {
+        let reg = |rank, buf, offset, len| Region::new(rank, buf, offset, len);
+        let mk = |st: Step| {
+            let mut s = Schedule::new(2);
+            s.push(st);
+            s.finish(Layout::OutOfPlace)
+        };
+        let fresh = || SimRanks::<u32> {
+            send: vec![vec![1; 4]; 2],
+            recv: vec![vec![0; 4]; 2],
+            scratch: vec![Vec::new(); 2],
+        };
+        let oob = mk(Step::copy(
+            1,
+            reg(0, BufId::Send, 2, 4),
+            reg(1, BufId::Recv, 0, 4),
+        ));
+        assert!(matches!(
+            run(&oob, RedOp::Sum, &mut fresh(), Order::Issue),
+            Err(SimError::OutOfRange { step: 0, .. })
+        ));
+        let scratch = mk(Step::copy(
+            1,
+            reg(0, BufId::Scratch, 0, 1),
+            reg(1, BufId::Recv, 0, 1),
+        ));
+        assert!(matches!(
+            run(&scratch, RedOp::Sum, &mut fresh(), Order::Issue),
+            Err(SimError::OutOfRange { .. })
+        ));
+        let bad_rank = mk(Step::copy(
+            1,
+            reg(5, BufId::Send, 0, 1),
+            reg(1, BufId::Recv, 0, 1),
+        ));
+        assert!(matches!(
+            run(&bad_rank, RedOp::Sum, &mut fresh(), Order::Issue),
+            Err(SimError::BadStep { .. })
+        ));
+        let bad_exec = mk(Step::copy(
+            9,
+            reg(0, BufId::Send, 0, 1),
+            reg(1, BufId::Recv, 0, 1),
+        ));
+        assert!(matches!(
+            run(&bad_exec, RedOp::Sum, &mut fresh(), Order::Random(1)),
+            Err(SimError::BadStep { .. })
+        ));
+        let lens = mk(Step::copy(
+            1,
+            reg(0, BufId::Send, 0, 2),
+            reg(1, BufId::Recv, 0, 1),
+        ));
+        assert!(matches!(
+            run(&lens, RedOp::Sum, &mut fresh(), Order::Issue),
+            Err(SimError::BadStep { .. })
+        ));
+        let partial = mk(Step::copy(
+            1,
+            reg(1, BufId::Recv, 0, 2),
+            reg(1, BufId::Recv, 1, 2),
+        ));
+        assert!(matches!(
+            run(&partial, RedOp::Sum, &mut fresh(), Order::Issue),
+            Err(SimError::BadStep { .. })
+        ));
+        let finish_copy = mk(Step {
+            finish: true,
+            ..Step::copy(1, reg(0, BufId::Send, 0, 1), reg(1, BufId::Recv, 0, 1))
+        });
+        assert!(matches!(
+            run(&finish_copy, RedOp::Avg, &mut fresh(), Order::Issue),
+            Err(SimError::BadStep { .. })
+        ));
+        let mut self_dep = mk(Step::copy(
+            1,
+            reg(0, BufId::Send, 0, 1),
+            reg(1, BufId::Recv, 0, 1),
+        ));
+        self_dep.steps[0].deps = vec![0];
+        assert!(matches!(
+            run(&self_dep, RedOp::Sum, &mut fresh(), Order::Issue),
+            Err(SimError::BadDep { step: 0, dep: 0 })
+        ));
+        let ok = mk(Step::copy(
+            1,
+            reg(0, BufId::Send, 0, 4),
+            reg(1, BufId::Recv, 0, 4),
+        ));
+        let mut three = fresh();
+        three.recv.push(Vec::new());
+        assert!(matches!(
+            run(&ok, RedOp::Sum, &mut three, Order::Issue),
+            Err(SimError::RankCount {
+                expected: 2,
+                found: 3
+            })
+        ));
+        // Nothing was written by the failed runs.
+        let mut r = fresh();
+        let _ = run(&oob, RedOp::Sum, &mut r, Order::Issue);
+        assert_eq!(r, fresh());
+        assert!(SimError::Stuck { done: 1, total: 2 }
+            .to_string()
+            .contains("cycle"));
+    }
+}
