@@ -15,6 +15,38 @@
 //! * [`comm`]: the communicator (one rank per GPU, one process);
 //! * [`exec`]: turns a schedule into kernel launches, event records and waits;
 //! * [`collectives`]: the public API (validate, schedule, enqueue).
+//!
+//! # Example: all-reduce over every GPU
+//!
+//! One rank per GPU; each rank's buffer lives on its GPU and its work goes on its stream. The
+//! call only enqueues: synchronise the streams before reading the results.
+//!
+//! ```no_run
+//! use ringccl::{Communicator, Io, RedOp};
+//!
+//! let comm = Communicator::all()?;
+//! let n = comm.nranks();
+//! let count = 1024;
+//! let mut bufs = Vec::new();
+//! for r in 0..n {
+//!     // `comm.context(r)` is rank r's CUDA context, `comm.stream(r)` a stream on it.
+//!     assert_eq!(comm.context(r).ordinal(), comm.ordinal(r));
+//!     bufs.push(comm.stream(r).clone_htod(&vec![(r + 1) as f32; count])?);
+//! }
+//! let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+//! {
+//!     let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
+//!     comm.all_reduce(&mut io, count, RedOp::Sum, &streams)?;
+//! }
+//! for (r, buf) in bufs.iter().enumerate() {
+//!     comm.stream(r).synchronize()?;
+//!     let out = comm.stream(r).clone_dtoh(buf)?;
+//!     assert!(out.iter().all(|&x| x == (n * (n + 1) / 2) as f32));
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `host/examples/all_reduce.rs` is the same as a program.
 
 pub mod buffer;
 pub mod collectives;
@@ -27,6 +59,7 @@ pub mod schedule;
 pub mod sim;
 
 pub use buffer::Io;
+pub use collectives::SendRecv;
 pub use comm::Communicator;
 pub use dtype::{DataType, DeviceElement};
 pub use error::{Arg, Error, Result};
