@@ -38,13 +38,16 @@ pub fn executables(json_lines: &str) -> Vec<Artifact> {
         let target = msg.get("target");
         let a = Artifact {
             path: PathBuf::from(exe),
-            kind: target
+            kind: match target
                 .and_then(|t| t.get("kind"))
                 .map(Json::as_array)
                 .and_then(|k| k.first())
                 .and_then(Json::as_str)
                 .unwrap_or("?")
-                .to_string(),
+            {
+                "rlib" | "dylib" | "cdylib" | "staticlib" | "proc-macro" => "lib".to_string(),
+                k => k.to_string(),
+            },
             target: target
                 .and_then(|t| t.get("name"))
                 .and_then(Json::as_str)
@@ -83,6 +86,24 @@ fn cargo_json(root: &Path, args: &[&str]) -> Result<String, String> {
     String::from_utf8(out.stdout).map_err(|e| format!("cargo printed non-UTF-8 JSON: {e}"))
 }
 
+/// How many tests (ignored ones included) a libtest binary holds; `None` if it cannot say.
+fn test_count(exe: &Path) -> Option<usize> {
+    let out = Command::new(exe)
+        .args(["--list", "--include-ignored"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(count_listed_tests(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Counts the `name: test` lines of libtest's `--list` output.
+pub fn count_listed_tests(list: &str) -> usize {
+    list.lines().filter(|l| l.ends_with(": test")).count()
+}
+
 fn on_path(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -114,8 +135,12 @@ pub fn run_all_script(tests: &[String], benches: &[String]) -> String {
 #   OUT=DIR      also write everything under DIR: run-all.log, logs/<binary>.log, criterion/
 #   SKIP_TESTS=1 / SKIP_BENCHES=1   skip one half
 set -uo pipefail
-cd "$(dirname "$0")"
+if [ -n "${{OUT:-}}" ]; then
+  mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+fi
+cd "$(dirname "$0")" || exit 2
 export NCCL_NVLS_ENABLE=0
+export RUST_BACKTRACE="${{RUST_BACKTRACE:-1}}"
 
 TESTS=(
 {tests})
@@ -210,18 +235,34 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         &[
             "test",
             "--workspace",
+            "--exclude",
+            "xtask",
             "--release",
             "--no-run",
-            "--message-format=json",
+            "--message-format=json-render-diagnostics",
         ],
     )?;
-    let tests: Vec<Artifact> = executables(&tests)
+    // Every binary that links the host library embeds both PTX files (about 11 MB): leave out
+    // the test binaries that hold no test at all.
+    let (tests, empty): (Vec<Artifact>, Vec<Artifact>) = executables(&tests)
         .into_iter()
         .filter(|a| a.harness)
-        .collect();
+        .partition(|a| test_count(&a.path) != Some(0));
+    if !empty.is_empty() {
+        let names: Vec<String> = empty
+            .iter()
+            .map(|a| format!("{}-{}", a.kind, a.target))
+            .collect();
+        println!("left out (no tests): {}", names.join(" "));
+    }
     let benches = cargo_json(
         &root,
-        &["bench", "--workspace", "--no-run", "--message-format=json"],
+        &[
+            "bench",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ],
     )?;
     // `cargo bench` also builds every library's unit tests in bench mode: keep the bench targets.
     let benches: Vec<Artifact> = executables(&benches)
@@ -236,7 +277,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
             "-p",
             "ringccl-benches",
             "--bins",
-            "--message-format=json",
+            "--message-format=json-render-diagnostics",
         ],
     )?;
     let bins: Vec<Artifact> = executables(&bins)
@@ -259,8 +300,8 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         fs::remove_dir_all(&out).map_err(|e| format!("cannot remove {}: {e}", out.display()))?;
     }
     let strip = on_path("strip");
-    let mut taken = Vec::new();
-    let mut copy_group = |group: &str, artifacts: &[Artifact]| -> Result<Vec<String>, String> {
+    let copy_group = |group: &str, artifacts: &[Artifact]| -> Result<Vec<String>, String> {
+        let mut taken = Vec::new();
         let dir = out.join(group);
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let mut rel = Vec::new();
@@ -295,9 +336,29 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
     let ptx_out = out.join("ptx");
     fs::create_dir_all(&ptx_out)
         .map_err(|e| format!("cannot create {}: {e}", ptx_out.display()))?;
+    // The binaries embed the PTX; this copy is for inspection (ptxas, cuobjdump) on the GPU
+    // machine, gzipped when gzip exists (11 MB of text become about 1 MB).
+    let gzip = on_path("gzip");
     for a in ARCHES {
-        fs::copy(ptx_dir.join(a.file), ptx_out.join(a.file))
-            .map_err(|e| format!("cannot copy {}: {e}", a.file))?;
+        let src = ptx_dir.join(a.file);
+        let zipped = gzip.as_ref().is_some_and(|gz| {
+            fs::File::create(ptx_out.join(format!("{}.gz", a.file)))
+                .ok()
+                .and_then(|f| {
+                    Command::new(gz)
+                        .args(["-9", "-n", "-c"])
+                        .arg(&src)
+                        .stdout(f)
+                        .status()
+                        .ok()
+                })
+                .is_some_and(|s| s.success())
+        });
+        if !zipped {
+            let _ = fs::remove_file(ptx_out.join(format!("{}.gz", a.file)));
+            fs::copy(&src, ptx_out.join(a.file))
+                .map_err(|e| format!("cannot copy {}: {e}", a.file))?;
+        }
     }
     let script = out.join("run-all.sh");
     fs::write(&script, run_all_script(&test_paths, &bench_paths))
@@ -323,6 +384,10 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         }
     );
     if size > MAX_BUNDLE_BYTES {
+        for rel in test_paths.iter().chain(&bench_paths).chain(&bin_paths) {
+            let len = fs::metadata(out.join(rel)).map_or(0, |m| m.len());
+            println!("  {:>9}  {rel}", mb(len));
+        }
         return Err(format!(
             "the bundle is {} (over the {} limit)",
             mb(size),
@@ -349,7 +414,7 @@ mod tests {
     use super::*;
 
     const CARGO_OUT: &str = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"crate_types":["lib"],"name":"ringccl","test":true},"profile":{"opt_level":"3","test":false},"filenames":["/t/libringccl.rlib"],"executable":null,"fresh":true}
-{"reason":"compiler-artifact","target":{"kind":["lib"],"crate_types":["lib"],"name":"ringccl","test":true},"profile":{"opt_level":"3","test":true},"filenames":["/t/deps/ringccl-aa"],"executable":"/t/deps/ringccl-aa","fresh":false}
+{"reason":"compiler-artifact","target":{"kind":["rlib"],"crate_types":["rlib"],"name":"ringccl","test":true},"profile":{"opt_level":"3","test":true},"filenames":["/t/deps/ringccl-aa"],"executable":"/t/deps/ringccl-aa","fresh":false}
 {"reason":"compiler-message","message":{"rendered":"warning"}}
 {"reason":"compiler-artifact","target":{"kind":["bin"],"crate_types":["bin"],"name":"ringccl-perf","test":true},"profile":{"opt_level":"3","test":false},"filenames":["/t/ringccl-perf"],"executable":"/t/ringccl-perf","fresh":false}
 {"reason":"compiler-artifact","target":{"kind":["test"],"crate_types":["bin"],"name":"all_reduce","test":true},"profile":{"opt_level":"3","test":true},"filenames":["/t/deps/all_reduce-bb"],"executable":"/t/deps/all_reduce-bb","fresh":false}
@@ -380,6 +445,13 @@ mod tests {
                 ("/t/deps/kernels-cc", "bench", "kernels", true),
             ]
         );
+    }
+
+    #[test]
+    fn counts_listed_tests() {
+        let list = "sched::tests::ring: test\nexec::tests::two_gpus: test\nb: benchmark\n\n2 tests, 1 benchmark\n";
+        assert_eq!(count_listed_tests(list), 2);
+        assert_eq!(count_listed_tests("0 tests, 0 benchmarks\n"), 0);
     }
 
     #[test]
