@@ -102,7 +102,8 @@ pub fn find_compiler() -> Result<PtxCompiler, String> {
                 origin: "$RINGCCL_PTX_RUSTC",
             }),
             Some(s) => Err(format!(
-                "RINGCCL_PTX_RUSTC={} has no library source at {}/lib/rustlib/src/rust/library/core",
+                "RINGCCL_PTX_RUSTC={} has no library source at {}/lib/rustlib/src/rust/library/core \
+                 (add it, e.g. `rustup component add rust-src`, or unset RINGCCL_PTX_RUSTC)",
                 rustc.display(),
                 s.display()
             )),
