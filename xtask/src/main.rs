@@ -1,1 +1,46 @@
-fn main() {}
+//! ringccl's build driver: `cargo xtask <command>`.
+//!
+//! * `build-ptx [--check]`: compile `gpu-kernels` to `gpu-kernels/ptx/ringccl_sm{90,80}.ptx`
+//!   (with `--check`: build, check, and compare with the committed files instead of writing).
+//! * `gpu-bundle [--out DIR]`: release test/bench binaries + PTX + `run-all.sh` for a GPU machine.
+
+mod bundle;
+mod json;
+mod ptx;
+mod ptxas;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+  build-ptx [--check]     compile gpu-kernels to gpu-kernels/ptx/ringccl_sm90.ptx and ringccl_sm80.ptx;
+                          --check: build and compare with the committed PTX instead of writing it
+  gpu-bundle [--out DIR]  release test and bench binaries + PTX + run-all.sh in DIR (default gpu-bundle/)
+environment: RINGCCL_PTX_RUSTC (nvptx compiler), PTXAS (ptxas to check registers/spills)";
+
+fn run(args: &[String]) -> Result<(), String> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["build-ptx"] => ptx::build_ptx(false),
+        ["build-ptx", "--check"] => ptx::build_ptx(true),
+        ["gpu-bundle"] => bundle::gpu_bundle(None),
+        ["gpu-bundle", "--out", dir] => bundle::gpu_bundle(Some(PathBuf::from(dir))),
+        ["help" | "--help" | "-h"] => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(format!("unknown arguments {args:?}\n{USAGE}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
