@@ -119,8 +119,11 @@ pub fn can_access_peer(dev_a: usize, dev_b: usize) -> Result<bool> {
     Ok(can != 0)
 }
 
-/// Lets kernels and copies running in `ctx` access memory allocated in `peer`
-/// (`cuCtxEnablePeerAccess`, one direction). Enabling twice is not an error.
+/// Lets kernels and copies running in `ctx` access memory allocated on `peer`'s device, one
+/// direction: `cuCtxEnablePeerAccess` (for `cuMemAlloc` memory; enabling twice is not an
+/// error) and `cuMemPoolSetAccess` on the peer device's current memory pool (stream-ordered
+/// allocations, which `cudarc`'s `CudaStream::alloc` makes, are not covered by context peer
+/// access). The pool setting is process-wide and applies to the pool that is current now.
 ///
 /// ```no_run
 /// use cudarc::driver::CudaContext;
@@ -136,15 +139,36 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<()> {
     // `CudaContext` owns it for the duration of the call); flags must be 0.
     let r = unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) };
     match r {
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
-            Ok(())
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+        other => {
+            return Err(Error::cuda(
+                "cuCtxEnablePeerAccess",
+                None,
+                result::DriverError(other),
+            ));
         }
-        other => Err(Error::cuda(
-            "cuCtxEnablePeerAccess",
-            None,
-            result::DriverError(other),
-        )),
     }
+    if !peer.has_async_alloc() {
+        return Ok(());
+    }
+    // SAFETY: `cu_device` comes from `cuDeviceGet` (inside `CudaContext::new`).
+    let pool = unsafe { result::device::get_mem_pool(peer.cu_device()) }
+        .map_err(|e| Error::cuda("cuDeviceGetMemPool", None, e))?;
+    let accessor = i32::try_from(ctx.ordinal()).map_err(|_| Error::BadDevice {
+        ordinal: ctx.ordinal(),
+        reason: "ordinal out of range".into(),
+    })?;
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: accessor,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `pool` is the device's live current pool; `desc` is one valid descriptor.
+    unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }
+        .result()
+        .map_err(|e| Error::cuda("cuMemPoolSetAccess", None, e))
 }
 
 /// Threads per block the launchers use when the function allows it.
