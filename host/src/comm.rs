@@ -1,1 +1,565 @@
-//! TODO(helper): comm
+//! The communicator: one rank per GPU, all in this process.
+//!
+//! A [`Communicator`] owns, for each rank (one per device ordinal it was built with):
+//! * the device's primary context (`Arc<CudaContext>`) and a non-blocking stream of its own
+//!   ([`Communicator::stream`], for callers that have none);
+//! * ringccl's kernels loaded into that context ([`crate::driver::Kernels`]);
+//! * a scratch buffer for partial results and staging, grown on demand;
+//! * a pool of events (`CU_EVENT_DISABLE_TIMING`) for ordering steps across GPUs, and the event
+//!   that marks the end of the communicator's previous call on that rank;
+//! * its row of the peer-access matrix (which other ranks' memory it reads directly).
+//!
+//! Collectives take `&self`; the mutable parts sit behind one mutex, held for the whole of a
+//! call's issue, so calls from several threads are issued one after the other and each call
+//! sees consistent scratch and events.
+//!
+//! ## cudarc's event tracking
+//!
+//! ringccl leaves cudarc's per-slice event tracking on (the default). Turning it off is an
+//! `unsafe`, context-wide switch that would also change the caller's own `CudaSlice`s. Kernels
+//! get raw addresses: the collectives take them from the caller's slices with
+//! `device_ptr(&stream)` / `device_ptr_mut(&stream)`, which makes the call's stream wait for the
+//! slice's last recorded write before the call and records the slice's read/write event on that
+//! stream after it is enqueued. Every step of other ranks that touched a rank's buffers is joined
+//! back into that rank's stream before the call ends (the schedule's `end_waits`), so the
+//! recorded event covers the whole collective and cudarc's own multi-stream safety still holds
+//! for the caller's buffers. The communicator's scratch is a `CudaSlice<u8>` allocated on the
+//! rank's own stream; only its address is handed to kernels.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+
+use crate::driver::{self, Kernels};
+use crate::exec::Prepared;
+use crate::schedule::{Layout, Schedule};
+use crate::{Error, Result};
+
+/// Environment variable that, set to `1`, turns off direct peer access between all ranks
+/// (every cross-GPU read and write then goes through `cuMemcpyPeerAsync` and local staging).
+pub const P2P_DISABLE_ENV: &str = "RINGCCL_P2P_DISABLE";
+
+/// Scratch grows in steps of this many bytes, so slowly growing calls do not reallocate each time.
+const SCRATCH_GRANULE: usize = 1 << 20;
+
+/// Schedules kept per communicator before the cache is emptied.
+const SCHEDULE_CACHE_LIMIT: usize = 256;
+
+/// What is fixed about one rank.
+#[derive(Debug)]
+struct Rank {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    name: String,
+}
+
+/// What changes from call to call on one rank.
+#[derive(Debug)]
+pub(crate) struct RankState {
+    scratch: Option<CudaSlice<u8>>,
+    scratch_ptr: u64,
+    scratch_bytes: usize,
+    events: Vec<CudaEvent>,
+    next_event: usize,
+    end: CudaEvent,
+}
+
+/// The key of the communicator's schedule cache.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[allow(dead_code)] // used by collectives.rs
+pub(crate) struct ScheduleKey {
+    /// The collective (`"all_reduce"`, ...).
+    pub collective: &'static str,
+    /// Its counts (one for most collectives; the peers and counts of a send/recv group).
+    pub counts: Vec<usize>,
+    /// In-place or not.
+    pub layout: Layout,
+    /// Root rank, where the collective has one.
+    pub root: Option<usize>,
+    /// Elements per step.
+    pub chunk: usize,
+}
+
+/// A group of GPUs in this process that run collectives together, one rank per GPU.
+///
+/// `Communicator` is `Send + Sync`: collectives take `&self` and may be called from several
+/// threads (they are issued one after the other).
+///
+/// ```no_run
+/// use ringccl::Communicator;
+/// let comm = Communicator::all()?; // every visible GPU, rank i = device i
+/// println!("{} ranks; rank 0 is {}", comm.nranks(), comm.device_name(0));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub struct Communicator {
+    ranks: Vec<Rank>,
+    /// `peer[a * n + b]`: rank `a`'s kernels access rank `b`'s memory directly.
+    peer: Vec<bool>,
+    state: Mutex<Vec<RankState>>,
+    cache: Mutex<HashMap<ScheduleKey, Arc<Prepared>>>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field(
+                "ordinals",
+                &self.ranks.iter().map(|r| r.ordinal).collect::<Vec<_>>(),
+            )
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a list of device ordinals against the number of visible devices.
+pub(crate) fn validate_ordinals(ordinals: &[usize], device_count: usize) -> Result<()> {
+    if ordinals.is_empty() {
+        return Err(Error::TooFewDevices {
+            needed: 1,
+            found: device_count,
+        });
+    }
+    for (i, &o) in ordinals.iter().enumerate() {
+        if o >= device_count {
+            return Err(Error::BadDevice {
+                ordinal: o,
+                reason: format!(
+                    "only {device_count} device(s) are visible (ordinals 0..{device_count})"
+                ),
+            });
+        }
+        if ordinals[..i].contains(&o) {
+            return Err(Error::BadDevice {
+                ordinal: o,
+                reason: "it appears more than once".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether the value of [`P2P_DISABLE_ENV`] disables peer access.
+pub(crate) fn p2p_disabled(value: Option<&str>) -> bool {
+    matches!(value.map(str::trim), Some("1") | Some("true") | Some("yes"))
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to).saturating_mul(to)
+}
+
+impl Communicator {
+    /// A communicator over the given device ordinals; rank `i` is device `ordinals[i]`.
+    ///
+    /// Enables peer access between every pair of devices that supports it (unless
+    /// `RINGCCL_P2P_DISABLE=1`) and loads the kernels on each device.
+    ///
+    /// Errors: [`Error::NoDriver`] without the CUDA driver, [`Error::TooFewDevices`] for an
+    /// empty list, [`Error::BadDevice`] for an ordinal that is not visible or repeated,
+    /// [`Error::Kernel`] if the device cannot run the embedded PTX, [`Error::Cuda`] otherwise.
+    ///
+    /// ```no_run
+    /// let comm = ringccl::Communicator::new(&[0, 1])?;
+    /// assert_eq!(comm.nranks(), 2);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn new(ordinals: &[usize]) -> Result<Self> {
+        driver::ensure_driver()?;
+        validate_ordinals(ordinals, driver::device_count()?)?;
+        let mut ranks = Vec::with_capacity(ordinals.len());
+        let mut state = Vec::with_capacity(ordinals.len());
+        for (rank, &ordinal) in ordinals.iter().enumerate() {
+            let r = Some(rank);
+            let ctx = CudaContext::new(ordinal)
+                .map_err(|e| Error::cuda("cuDevicePrimaryCtxRetain", r, e))?;
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| Error::cuda("cuStreamCreate", r, e))?;
+            let kernels = Kernels::load(&ctx, r)?;
+            let name = ctx
+                .name()
+                .map_err(|e| Error::cuda("cuDeviceGetName", r, e))?;
+            let end = new_event(&ctx, r)?;
+            state.push(RankState {
+                scratch: None,
+                scratch_ptr: 0,
+                scratch_bytes: 0,
+                events: Vec::new(),
+                next_event: 0,
+                end,
+            });
+            ranks.push(Rank {
+                ordinal,
+                ctx,
+                stream,
+                kernels,
+                name,
+            });
+        }
+        let n = ranks.len();
+        let disabled = p2p_disabled(std::env::var(P2P_DISABLE_ENV).ok().as_deref());
+        let mut peer = vec![false; n * n];
+        for a in 0..n {
+            for b in 0..n {
+                if a == b {
+                    peer[a * n + b] = true;
+                    continue;
+                }
+                if disabled || !driver::can_access_peer(ranks[a].ordinal, ranks[b].ordinal)? {
+                    continue;
+                }
+                // A pair the driver says is capable but refuses (e.g. too many peers) falls
+                // back to staged copies rather than failing the communicator.
+                peer[a * n + b] = driver::enable_peer_access(&ranks[a].ctx, &ranks[b].ctx).is_ok();
+            }
+        }
+        Ok(Communicator {
+            ranks,
+            peer,
+            state: Mutex::new(state),
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A communicator over every visible device (rank `i` = device `i`).
+    ///
+    /// ```no_run
+    /// let comm = ringccl::Communicator::all()?;
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn all() -> Result<Self> {
+        driver::ensure_driver()?;
+        let n = driver::device_count()?;
+        if n == 0 {
+            return Err(Error::TooFewDevices {
+                needed: 1,
+                found: 0,
+            });
+        }
+        Self::new(&(0..n).collect::<Vec<_>>())
+    }
+
+    /// The number of ranks.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// assert!(comm.nranks() >= 1);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn nranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The device ordinal of `rank`.
+    ///
+    /// # Panics
+    /// If `rank >= self.nranks()`, like slice indexing.
+    ///
+    /// ```no_run
+    /// let comm = ringccl::Communicator::new(&[1, 0])?;
+    /// assert_eq!(comm.ordinal(0), 1);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn ordinal(&self, rank: usize) -> usize {
+        self.ranks[rank].ordinal
+    }
+
+    /// The context of `rank`'s device (its primary context): allocate buffers for `rank` with
+    /// a stream of this context.
+    ///
+    /// # Panics
+    /// If `rank >= self.nranks()`.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// let buf = comm.stream(0).alloc_zeros::<f32>(1024).unwrap();
+    /// assert_eq!(buf.context().ordinal(), comm.context(0).ordinal());
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn context(&self, rank: usize) -> &Arc<CudaContext> {
+        &self.ranks[rank].ctx
+    }
+
+    /// A non-blocking stream of `rank` that the communicator created, for callers that do not
+    /// bring their own.
+    ///
+    /// # Panics
+    /// If `rank >= self.nranks()`.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// let s = comm.stream(0);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn stream(&self, rank: usize) -> &Arc<CudaStream> {
+        &self.ranks[rank].stream
+    }
+
+    /// The device name of `rank` (e.g. `"NVIDIA H200"`).
+    ///
+    /// # Panics
+    /// If `rank >= self.nranks()`.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// println!("{}", comm.device_name(0));
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn device_name(&self, rank: usize) -> &str {
+        &self.ranks[rank].name
+    }
+
+    /// Whether `rank`'s kernels read and write `peer`'s memory directly (always true for
+    /// `rank == peer`; false everywhere else with `RINGCCL_P2P_DISABLE=1`, or out of range).
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// if comm.nranks() > 1 && !comm.peer_access(0, 1) {
+    ///     println!("ranks 0 and 1 exchange data through staged copies");
+    /// }
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn peer_access(&self, rank: usize, peer: usize) -> bool {
+        let n = self.nranks();
+        rank < n && peer < n && self.peer[rank * n + peer]
+    }
+
+    /// Blocks until every call issued so far through this communicator is complete, on the
+    /// caller's streams as well as on the communicator's own streams.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// comm.synchronize()?;
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn synchronize(&self) -> Result<()> {
+        let state = self.lock_state();
+        for (r, (rank, st)) in self.ranks.iter().zip(state.iter()).enumerate() {
+            st.end
+                .synchronize()
+                .map_err(|e| Error::cuda("cuEventSynchronize", Some(r), e))?;
+            rank.stream
+                .synchronize()
+                .map_err(|e| Error::cuda("cuStreamSynchronize", Some(r), e))?;
+        }
+        Ok(())
+    }
+
+    /// The kernels loaded on `rank` (`None` if out of range).
+    pub(crate) fn kernels(&self, rank: usize) -> Option<&Kernels> {
+        self.ranks.get(rank).map(|r| &r.kernels)
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, Vec<RankState>> {
+        // A panic while the lock was held cannot leave the state inconsistent in a way that
+        // matters (events and scratch are only ever replaced whole), so recover from poisoning.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Locks the communicator for one call's issue.
+    pub(crate) fn begin_call(&self) -> CallGuard<'_> {
+        let mut state = self.lock_state();
+        for st in state.iter_mut() {
+            st.next_event = 0;
+        }
+        CallGuard { comm: self, state }
+    }
+
+    /// The address of `rank`'s scratch, grown to at least `bytes` bytes (see
+    /// [`CallGuard::scratch_ptr`]).
+    #[allow(dead_code)] // used by collectives.rs
+    pub(crate) fn scratch_ptr(&self, rank: usize, bytes: usize) -> Result<u64> {
+        let mut g = self.begin_call();
+        g.scratch_ptr(rank, bytes)
+    }
+
+    /// The prepared schedule for `key`, built with `build` (and checked) the first time.
+    #[allow(dead_code)] // used by collectives.rs
+    pub(crate) fn prepared(
+        &self,
+        key: ScheduleKey,
+        build: impl FnOnce() -> Schedule,
+    ) -> Result<Arc<Prepared>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = cache.get(&key) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(Prepared::new(build())?);
+        if cache.len() >= SCHEDULE_CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, p.clone());
+        Ok(p)
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Work of the last call may still run on the caller's streams and use the scratch and
+        // the kernels' module: wait for it before they are freed. Errors cannot be reported
+        // from `drop`; cudarc records them in the context.
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (rank, st) in self.ranks.iter().zip(state.iter()) {
+            rank.ctx.record_err(st.end.synchronize());
+        }
+    }
+}
+
+fn new_event(ctx: &Arc<CudaContext>, rank: Option<usize>) -> Result<CudaEvent> {
+    ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .map_err(|e| Error::cuda("cuEventCreate", rank, e))
+}
+
+/// The communicator, locked for the issue of one call.
+pub(crate) struct CallGuard<'a> {
+    comm: &'a Communicator,
+    state: MutexGuard<'a, Vec<RankState>>,
+}
+
+impl CallGuard<'_> {
+    /// The address of `rank`'s scratch, grown to at least `bytes` bytes.
+    ///
+    /// Growing is stream-ordered, without blocking the host: the rank's own stream waits for
+    /// the end of the previous call (the last user of the old buffer), frees it there, allocates
+    /// the new one there, and the end-of-previous-call event is re-recorded after the
+    /// allocation, so the next call's start (which waits on that event) sees the new memory.
+    pub(crate) fn scratch_ptr(&mut self, rank: usize, bytes: usize) -> Result<u64> {
+        let r = Some(rank);
+        let (Some(info), Some(st)) = (self.comm.ranks.get(rank), self.state.get_mut(rank)) else {
+            return Err(Error::invalid(
+                None,
+                crate::Arg::Ranks,
+                format!("rank {rank} out of range"),
+            ));
+        };
+        if bytes <= st.scratch_bytes {
+            return Ok(st.scratch_ptr);
+        }
+        let new_bytes = round_up(bytes, SCRATCH_GRANULE);
+        let stream = &info.stream;
+        stream
+            .wait(&st.end)
+            .map_err(|e| Error::cuda("cuStreamWaitEvent", r, e))?;
+        st.scratch_ptr = 0;
+        st.scratch_bytes = 0;
+        // Freed on `stream` (stream-ordered) after the wait above.
+        drop(st.scratch.take());
+        // SAFETY: the contents are never read before a step writes them.
+        let slice = unsafe { stream.alloc::<u8>(new_bytes) }
+            .map_err(|e| Error::cuda("cuMemAllocAsync", r, e))?;
+        let ptr = {
+            let (p, _record) = slice.device_ptr(stream);
+            p
+        };
+        st.end
+            .record(stream)
+            .map_err(|e| Error::cuda("cuEventRecord", r, e))?;
+        st.scratch = Some(slice);
+        st.scratch_ptr = ptr;
+        st.scratch_bytes = new_bytes;
+        Ok(ptr)
+    }
+
+    /// A fresh event of `rank`'s context, distinct from every other event handed out during
+    /// this call; returns its index for [`CallGuard::event`].
+    pub(crate) fn next_event(&mut self, rank: usize) -> Result<usize> {
+        let (Some(info), Some(st)) = (self.comm.ranks.get(rank), self.state.get_mut(rank)) else {
+            return Err(Error::invalid(
+                None,
+                crate::Arg::Ranks,
+                format!("rank {rank} out of range"),
+            ));
+        };
+        let i = st.next_event;
+        if i == st.events.len() {
+            st.events.push(new_event(&info.ctx, Some(rank))?);
+        }
+        st.next_event += 1;
+        Ok(i)
+    }
+
+    /// Event `index` of `rank`'s pool.
+    pub(crate) fn event(&self, rank: usize, index: usize) -> Option<&CudaEvent> {
+        self.state.get(rank).and_then(|st| st.events.get(index))
+    }
+
+    /// The event that marks the end of the previous call on `rank` (recorded again at the end
+    /// of this one).
+    pub(crate) fn end_event(&self, rank: usize) -> Option<&CudaEvent> {
+        self.state.get(rank).map(|st| &st.end)
+    }
+
+    /// The communicator.
+    pub(crate) fn comm(&self) -> &Communicator {
+        self.comm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinals_are_checked() {
+        assert_eq!(
+            validate_ordinals(&[], 2),
+            Err(Error::TooFewDevices {
+                needed: 1,
+                found: 2
+            })
+        );
+        assert_eq!(validate_ordinals(&[0, 1], 2), Ok(()));
+        assert_eq!(validate_ordinals(&[1, 0], 2), Ok(()));
+        assert!(matches!(
+            validate_ordinals(&[0, 2], 2),
+            Err(Error::BadDevice { ordinal: 2, .. })
+        ));
+        assert!(matches!(
+            validate_ordinals(&[0], 0),
+            Err(Error::BadDevice { ordinal: 0, .. })
+        ));
+        let e = validate_ordinals(&[1, 0, 1], 2).unwrap_err();
+        assert!(
+            matches!(&e, Error::BadDevice { ordinal: 1, reason } if reason.contains("more than once"))
+        );
+    }
+
+    #[test]
+    fn p2p_env_values() {
+        assert!(p2p_disabled(Some("1")));
+        assert!(p2p_disabled(Some(" 1\n")));
+        assert!(p2p_disabled(Some("true")));
+        assert!(!p2p_disabled(Some("0")));
+        assert!(!p2p_disabled(Some("")));
+        assert!(!p2p_disabled(None));
+    }
+
+    #[test]
+    fn scratch_rounds_to_granule() {
+        assert_eq!(round_up(1, SCRATCH_GRANULE), SCRATCH_GRANULE);
+        assert_eq!(round_up(SCRATCH_GRANULE, SCRATCH_GRANULE), SCRATCH_GRANULE);
+        assert_eq!(
+            round_up(SCRATCH_GRANULE + 1, SCRATCH_GRANULE),
+            2 * SCRATCH_GRANULE
+        );
+    }
+
+    #[test]
+    fn communicator_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Communicator>();
+    }
+
+    #[test]
+    fn without_a_driver_construction_fails_cleanly() {
+        // SAFETY: only probes for the library.
+        if unsafe { sys::is_culib_present() } {
+            return; // covered by the GPU tests
+        }
+        assert_eq!(Communicator::new(&[0]).unwrap_err(), Error::NoDriver);
+        assert_eq!(Communicator::new(&[]).unwrap_err(), Error::NoDriver);
+        assert_eq!(Communicator::all().unwrap_err(), Error::NoDriver);
+    }
+}
