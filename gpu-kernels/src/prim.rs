@@ -122,7 +122,11 @@ fn lane<T: Element>(p: &Pack, j: usize) -> T {
     let bit = j * T::SIZE * 8;
     let word = p.0[bit / 64];
     let raw = word >> (bit % 64);
-    T::from_raw(if T::SIZE == 8 { raw } else { raw & ((1u64 << (T::SIZE * 8)) - 1) })
+    T::from_raw(if T::SIZE == 8 {
+        raw
+    } else {
+        raw & ((1u64 << (T::SIZE * 8)) - 1)
+    })
 }
 
 /// Replaces lane `j` of a vector.
@@ -130,7 +134,11 @@ fn lane<T: Element>(p: &Pack, j: usize) -> T {
 fn set_lane<T: Element>(p: &mut Pack, j: usize, x: T) {
     let bit = j * T::SIZE * 8;
     let shift = bit % 64;
-    let mask = if T::SIZE == 8 { u64::MAX } else { ((1u64 << (T::SIZE * 8)) - 1) << shift };
+    let mask = if T::SIZE == 8 {
+        u64::MAX
+    } else {
+        ((1u64 << (T::SIZE * 8)) - 1) << shift
+    };
     let w = &mut p.0[bit / 64];
     *w = (*w & !mask) | (x.to_raw() << shift);
 }
@@ -195,7 +203,9 @@ unsafe fn run<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
     let misalign = dst0 as usize % VECTOR_BYTES;
     let mut aligned = !TWO || dst1 as usize % VECTOR_BYTES == misalign;
     aligned &= srcs[0] as usize % VECTOR_BYTES == misalign;
-    for_each_extra_source::<NS>(nsrc, |k| aligned &= srcs[k] as usize % VECTOR_BYTES == misalign);
+    for_each_extra_source::<NS>(nsrc, |k| {
+        aligned &= srcs[k] as usize % VECTOR_BYTES == misalign
+    });
     // SAFETY (all blocks below): indices stay below `count`, per this function's contract.
     if !aligned {
         unsafe { scalar::<T, O, NS, TWO>(grid, srcs, nsrc, dst0, dst1, 0, count, postdiv) };
@@ -265,10 +275,14 @@ unsafe fn vectors<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
     // SAFETY (both loops): v + u * step < nvec, so every access is inside the vector range.
     while v + (UNROLL - 1) * step < nvec {
         let mut acc = [Pack([0; 2]); UNROLL];
-        unrolled::<UNROLL>(UNROLL, |u| acc[u] = unsafe { load_pack(s[0].add(v + u * step)) });
+        unrolled::<UNROLL>(UNROLL, |u| {
+            acc[u] = unsafe { load_pack(s[0].add(v + u * step)) }
+        });
         for_each_extra_source::<NS>(nsrc, |k| {
             let mut inc = [Pack([0; 2]); UNROLL];
-            unrolled::<UNROLL>(UNROLL, |u| inc[u] = unsafe { load_pack(s[k].add(v + u * step)) });
+            unrolled::<UNROLL>(UNROLL, |u| {
+                inc[u] = unsafe { load_pack(s[k].add(v + u * step)) }
+            });
             unrolled::<UNROLL>(UNROLL, |u| combine_pack::<T, O>(&mut acc[u], &inc[u]));
         });
         unrolled::<UNROLL>(UNROLL, |u| {

@@ -60,7 +60,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::buffer::{DeviceSlice, DeviceSliceMut, Io, RankArgs, RawBuf};
-use crate::comm::Communicator;
+use crate::comm::{Communicator, ScheduleKey};
 use crate::dtype::{DataType, DeviceElement};
 use crate::error::{Arg, Error, Result};
 use crate::exec::{self, RankPtrs};
@@ -917,7 +917,15 @@ impl Communicator {
         let n = devices.len();
         let ring: Vec<usize> = (0..n).collect();
         let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
-        let sched = c.schedule(&ring, plan.layout, chunk_elems(max_bytes, n, T::DTYPE));
+        let chunk = chunk_elems(max_bytes, n, T::DTYPE);
+        let key = ScheduleKey {
+            collective: c.name(),
+            counts: vec![c.count()],
+            layout: plan.layout,
+            root: c.root(),
+            chunk,
+        };
+        let prepared = self.prepared(key, || c.schedule(&ring, plan.layout, chunk))?;
         let plain: Vec<&CudaStream> = streams.iter().map(|s| s.as_ref()).collect();
         let ptrs: Vec<RankPtrs> = plan
             .ptrs
@@ -935,7 +943,7 @@ impl Communicator {
             .zip(&plan.ptrs)
             .map(|((io, s), p)| io.track(s, p.reads_send, p.writes_recv))
             .collect();
-        let result = exec::execute(self, &sched, T::DTYPE, op, &ptrs, &plain);
+        let result = exec::execute_prepared(self, &prepared, T::DTYPE, op, &ptrs, &plain);
         drop(guards);
         result
     }

@@ -69,7 +69,6 @@ pub(crate) struct RankState {
 
 /// The key of the communicator's schedule cache.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[allow(dead_code)] // used by collectives.rs
 pub(crate) struct ScheduleKey {
     /// The collective (`"all_reduce"`, ...).
     pub collective: &'static str,
@@ -367,16 +366,15 @@ impl Communicator {
         CallGuard { comm: self, state }
     }
 
-    /// The address of `rank`'s scratch, grown to at least `bytes` bytes (see
+    /// The address of `rank`'s scratch, grown to at least `bytes` bytes (tests only; calls use
     /// [`CallGuard::scratch_ptr`]).
-    #[allow(dead_code)] // used by collectives.rs
+    #[cfg(test)]
     pub(crate) fn scratch_ptr(&self, rank: usize, bytes: usize) -> Result<u64> {
         let mut g = self.begin_call();
         g.scratch_ptr(rank, bytes)
     }
 
     /// The prepared schedule for `key`, built with `build` (and checked) the first time.
-    #[allow(dead_code)] // used by collectives.rs
     pub(crate) fn prepared(
         &self,
         key: ScheduleKey,

@@ -76,7 +76,10 @@ impl DataType {
 
     /// Whether the type is a floating-point type.
     pub const fn is_float(self) -> bool {
-        matches!(self, DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16)
+        matches!(
+            self,
+            DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
+        )
     }
 }
 

@@ -116,11 +116,23 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An [`Error::InvalidArgument`] for `rank`.
     pub(crate) fn invalid(rank: Option<usize>, arg: Arg, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument { rank, arg, reason: reason.into() }
+        Error::InvalidArgument {
+            rank,
+            arg,
+            reason: reason.into(),
+        }
     }
 
     /// An [`Error::Cuda`] from a cudarc driver error.
-    pub(crate) fn cuda(call: &'static str, rank: Option<usize>, e: cudarc::driver::DriverError) -> Self {
-        Error::Cuda { call, code: format!("{:?}", e.0), rank }
+    pub(crate) fn cuda(
+        call: &'static str,
+        rank: Option<usize>,
+        e: cudarc::driver::DriverError,
+    ) -> Self {
+        Error::Cuda {
+            call,
+            code: format!("{:?}", e.0),
+            rank,
+        }
     }
 }

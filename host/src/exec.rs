@@ -29,7 +29,6 @@ const STAGE_ALIGN: usize = 256;
 
 /// The caller's buffers of one rank, as device addresses (0 where the rank has none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[allow(dead_code)] // used by collectives.rs
 pub(crate) struct RankPtrs {
     /// The send (input) buffer.
     pub send: u64,
@@ -196,7 +195,6 @@ pub(crate) fn staging_offset(s: &Schedule, elem_size: usize) -> usize {
 
 /// Executes `s` (checked and planned here) for `dtype` and `op` on `streams` (one per rank, each
 /// on that rank's device) with the caller's buffers `ptrs`. Returns once everything is enqueued.
-#[allow(dead_code)] // used by collectives.rs
 pub(crate) fn execute(
     comm: &Communicator,
     s: &Schedule,
@@ -210,7 +208,6 @@ pub(crate) fn execute(
 }
 
 /// [`execute`] for a schedule prepared (and cached) earlier.
-#[allow(dead_code)] // used by collectives.rs
 pub(crate) fn execute_prepared(
     comm: &Communicator,
     p: &Prepared,
