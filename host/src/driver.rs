@@ -6,7 +6,7 @@
 //!   so every entry point of ringccl calls this first);
 //! * [`device_count`], [`can_access_peer`], [`enable_peer_access`]: devices and NVLink/PCIe peer
 //!   access (only in `cudarc::driver::sys`);
-//! * [`PTX_SM90`], [`PTX_SM80`], [`ptx_for`]: the kernels' PTX, embedded at compile time;
+//! * [`ptx`], [`ptx_arch_for`]: the kernels' PTX, embedded (deflated) at compile time;
 //! * [`Kernels`]: the module loaded into one context, its 110 functions, and typed launchers
 //!   for the three primitives (copy, reduce, reduce-copy) that pick the grid ([`LaunchPlan`]).
 //!
@@ -27,25 +27,60 @@ use gpu_kernels::{EntryKind, ENTRY_POINTS};
 
 use crate::{DataType, Error, RedOp, Result};
 
-/// The kernels compiled for `sm_90` (Hopper), used on devices of compute capability 9.0 and up.
-pub const PTX_SM90: &str = include_str!("../../gpu-kernels/ptx/ringccl_sm90.ptx");
+/// The kernels compiled for `sm_90` (Hopper and newer), deflated at build time.
+static PTX_SM90_DEFLATED: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/ringccl_sm90.ptx.deflate"));
+/// The kernels compiled for `sm_80` (Ampere), deflated at build time.
+static PTX_SM80_DEFLATED: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/ringccl_sm80.ptx.deflate"));
 
-/// The kernels compiled for `sm_80` (Ampere), used on devices of compute capability 8.x.
-pub const PTX_SM80: &str = include_str!("../../gpu-kernels/ptx/ringccl_sm80.ptx");
+/// Which embedded PTX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PtxArch {
+    /// `.target sm_90`: devices of compute capability 9.0 and newer.
+    Sm90,
+    /// `.target sm_80`: devices of compute capability 8.x.
+    Sm80,
+}
+
+/// The embedded PTX text for `arch` (inflated once, on first use; about 6 MB each).
+///
+/// ```
+/// use ringccl::driver::{ptx, PtxArch};
+/// assert!(ptx(PtxArch::Sm90).unwrap().contains(".target sm_90"));
+/// assert!(ptx(PtxArch::Sm80).unwrap().contains(".target sm_80"));
+/// ```
+pub fn ptx(arch: PtxArch) -> Result<&'static str> {
+    static SM90: OnceLock<Result<String, String>> = OnceLock::new();
+    static SM80: OnceLock<Result<String, String>> = OnceLock::new();
+    let (cell, packed) = match arch {
+        PtxArch::Sm90 => (&SM90, PTX_SM90_DEFLATED),
+        PtxArch::Sm80 => (&SM80, PTX_SM80_DEFLATED),
+    };
+    cell.get_or_init(|| {
+        let bytes = miniz_oxide::inflate::decompress_to_vec(packed)
+            .map_err(|e| format!("embedded PTX is corrupt: {e:?}"))?;
+        String::from_utf8(bytes).map_err(|_| "embedded PTX is not UTF-8".to_string())
+    })
+    .as_deref()
+    .map_err(|reason| Error::Kernel {
+        reason: reason.clone(),
+    })
+}
 
 /// The embedded PTX for a device of compute capability `major.minor`: sm_90 code on 9.0 and
 /// newer, sm_80 code on 8.x, `None` for older devices (the kernels need sm_80).
 ///
 /// ```
-/// use ringccl::driver::{ptx_for, PTX_SM80, PTX_SM90};
-/// assert_eq!(ptx_for(9, 0), Some(PTX_SM90));
-/// assert_eq!(ptx_for(8, 6), Some(PTX_SM80));
-/// assert_eq!(ptx_for(7, 5), None);
+/// use ringccl::driver::{ptx_arch_for, PtxArch};
+/// assert_eq!(ptx_arch_for(9, 0), Some(PtxArch::Sm90));
+/// assert_eq!(ptx_arch_for(8, 6), Some(PtxArch::Sm80));
+/// assert_eq!(ptx_arch_for(7, 5), None);
 /// ```
-pub fn ptx_for(major: i32, _minor: i32) -> Option<&'static str> {
+pub fn ptx_arch_for(major: i32, _minor: i32) -> Option<PtxArch> {
     match major {
-        m if m >= 9 => Some(PTX_SM90),
-        8 => Some(PTX_SM80),
+        m if m >= 9 => Some(PtxArch::Sm90),
+        8 => Some(PtxArch::Sm80),
         _ => None,
     }
 }
@@ -301,9 +336,10 @@ impl Kernels {
         let cc = ctx
             .compute_capability()
             .map_err(|e| Error::cuda("cuDeviceGetAttribute", rank, e))?;
-        let ptx = ptx_for(cc.0, cc.1).ok_or_else(|| Error::Kernel {
+        let arch = ptx_arch_for(cc.0, cc.1).ok_or_else(|| Error::Kernel {
             reason: format!("device has compute capability {}.{}", cc.0, cc.1),
         })?;
+        let ptx = ptx(arch)?;
         let sm = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::cuda("cuDeviceGetAttribute", rank, e))?;
@@ -630,7 +666,11 @@ mod tests {
 
     #[test]
     fn embedded_ptx_defines_every_entry_point() {
-        for (ptx, target) in [(PTX_SM90, ".target sm_90"), (PTX_SM80, ".target sm_80")] {
+        for (arch, target) in [
+            (PtxArch::Sm90, ".target sm_90"),
+            (PtxArch::Sm80, ".target sm_80"),
+        ] {
+            let ptx = ptx(arch).expect("embedded PTX inflates");
             assert!(ptx.contains(target), "{target}");
             for e in ENTRY_POINTS {
                 assert!(
