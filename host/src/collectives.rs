@@ -71,25 +71,20 @@ use gpu_kernels::op::RedOp;
 // Tuning
 // ---------------------------------------------------------------------------------------------
 
-/// The most bytes one schedule step moves (a step's kernel covers at most this much).
-pub const CHUNK_BYTES: usize = 512 * 1024;
-
 /// The chunk (maximum elements per schedule step) for a message of `bytes` bytes (the largest
-/// buffer of the call) over `nranks` ranks.
-///
-/// [`CHUNK_BYTES`] per step, less when one rank's segment of the message is smaller (there is
-/// nothing to pipeline then); never 0.
+/// buffer of the call) over `nranks` ranks: [`crate::tuning::chunk_bytes`] in elements, never
+/// more than one rank's segment (nothing to pipeline then), never 0.
 ///
 /// ```
-/// use ringccl::collectives::{chunk_elems, CHUNK_BYTES};
+/// use ringccl::collectives::chunk_elems;
 /// use ringccl::DataType;
-/// assert_eq!(chunk_elems(1 << 30, 8, DataType::F32), CHUNK_BYTES / 4);
+/// assert_eq!(chunk_elems(1 << 30, 2, DataType::F32), (1 << 29) / 4);
 /// assert_eq!(chunk_elems(4096, 4, DataType::F32), 256);
 /// assert_eq!(chunk_elems(0, 4, DataType::F64), 1);
 /// ```
 pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType) -> usize {
     let size = dtype.size();
-    let max = (CHUNK_BYTES / size).max(1);
+    let max = (crate::tuning::chunk_bytes(bytes, nranks) / size).max(1);
     let segment = bytes.div_ceil(size).div_ceil(nranks.max(1));
     segment.clamp(1, max)
 }
@@ -2082,7 +2077,12 @@ mod tests {
     #[test]
     fn chunk_is_bounded_and_positive() {
         for dt in DataType::ALL {
-            assert_eq!(chunk_elems(usize::MAX / 2, 2, dt), CHUNK_BYTES / dt.size());
+            let big = 1usize << 40;
+            assert_eq!(chunk_elems(big, 2, dt), (big / 2) / dt.size());
+            assert_eq!(
+                chunk_elems(big, 4, dt),
+                (big / 4 / crate::tuning::PIPELINE_CHUNKS) / dt.size()
+            );
             assert_eq!(chunk_elems(0, 8, dt), 1);
             assert_eq!(chunk_elems(dt.size(), 0, dt), 1);
         }

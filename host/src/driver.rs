@@ -210,9 +210,6 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<()> {
 pub const DEFAULT_THREADS: u32 = 512;
 /// Bytes one thread moves per loop iteration: a 16-byte vector, unrolled 4 times.
 pub const BYTES_PER_THREAD_ITERATION: u64 = 16 * 4;
-/// Block cap for steps that touch another GPU's memory: NVLink peer reads peaked at 64 blocks of
-/// 512 threads on H200 and fell with more (see `/work/shared/toolchain.md`).
-pub const PEER_BLOCK_CAP: u32 = 64;
 
 /// Where a step's memory traffic goes, which decides how many blocks are worth launching.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -220,7 +217,7 @@ pub enum Traffic {
     /// All pointers are on the launching GPU: up to 2 blocks per SM (HBM saturates there).
     Local,
     /// Some pointer is on another GPU (read or written over NVLink/PCIe): at most
-    /// [`PEER_BLOCK_CAP`] blocks.
+    /// [`crate::tuning::peer_blocks`] blocks.
     Peer,
 }
 
@@ -260,7 +257,7 @@ impl LaunchPlan {
         LaunchPlan { blocks, threads }
     }
 
-    /// The most blocks worth launching: 2 × `sm_count` for local traffic, [`PEER_BLOCK_CAP`]
+    /// The most blocks worth launching: 2 × `sm_count` for local traffic, [`crate::tuning::peer_blocks`]
     /// for peer traffic (never more than 2 × `sm_count`, never less than 1).
     ///
     /// ```
@@ -272,7 +269,7 @@ impl LaunchPlan {
         let local = sm_count.saturating_mul(2).max(1);
         match traffic {
             Traffic::Local => local,
-            Traffic::Peer => PEER_BLOCK_CAP.min(local),
+            Traffic::Peer => crate::tuning::peer_blocks().min(local),
         }
     }
 

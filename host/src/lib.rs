@@ -14,7 +14,8 @@
 //! * [`sim`]: a CPU simulator that executes schedules on host arrays;
 //! * [`comm`]: the communicator (one rank per GPU, one process);
 //! * [`exec`]: turns a schedule into kernel launches, event records and waits;
-//! * [`collectives`]: the public API (validate, schedule, enqueue).
+//! * [`collectives`]: the public API (validate, schedule, enqueue);
+//! * [`tuning`]: chunk sizes and launch caps, with environment overrides.
 //!
 //! # Example: all-reduce over every GPU
 //!
@@ -57,6 +58,7 @@ pub mod error;
 pub mod exec;
 pub mod schedule;
 pub mod sim;
+pub mod tuning;
 
 pub use buffer::Io;
 pub use collectives::SendRecv;
