@@ -280,7 +280,8 @@ pub fn to_csv(records: &[Record]) -> String {
 /// The table's column headers (nccl-tests' layout, with a `lib` column and busbw ratios).
 pub fn table_header(ratio: bool) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "#{:>70}{:>38}{:>38}", "", "out-of-place", "in-place");
+    // Centred over their four columns (the cells start at columns 61 and 99).
+    let _ = writeln!(s, "#{:>84}{:>36}", "out-of-place", "in-place");
     let _ = write!(
         s,
         "#{:>11}  {:>12}  {:>8}  {:>6}  {:>4}  {:>7}  {:>10}  {:>7}  {:>7}  {:>6}  {:>10}  {:>7}  {:>7}  {:>6}",
@@ -361,7 +362,7 @@ pub fn table_row(
     if let Some((a, b)) = ratios {
         let _ = write!(s, "  {a:>7}  {b:>7}");
     }
-    s
+    s.trim_end().to_string()
 }
 
 #[cfg(test)]
