@@ -1,0 +1,41 @@
+//! `ringccl-perf`: ringccl's collectives next to NCCL's, in the style of nccl-tests.
+//!
+//! ```text
+//! cargo run --release -p ringccl-benches --bin ringccl-perf -- -b 8 -e 1G -f 2 -t all_reduce
+//! ```
+//!
+//! `--help` lists the options. Without a GPU (or without the CUDA driver) it says so in one
+//! line and exits with status 1; on a wrong element or a failed measurement it also exits
+//! with status 1, after the table.
+
+#[path = "../perf/mod.rs"]
+mod perf;
+
+use std::process::ExitCode;
+
+use perf::args::{self, Command};
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let opts = match args::parse(argv.get(1..).unwrap_or(&[])) {
+        Ok(Command::Help) => {
+            println!("{}", args::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Run(o)) => *o,
+        Err(e) => {
+            eprintln!("ringccl-perf: {e} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
+    match perf::gpu::run(opts, argv) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("ringccl-perf: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

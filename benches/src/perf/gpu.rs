@@ -1,0 +1,938 @@
+//! The measurements: buffers, data, checks and timing of ringccl and NCCL on the same buffers
+//! and streams, interleaved size by size.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
+};
+use ringccl::buffer::DeviceSlice;
+use ringccl::{Communicator, DataType, Io, RedOp};
+
+use super::args::{self, nccl_dtype_name, Options};
+use super::coll::{Coll, Shape};
+use super::data::{self, Pattern, PerfElem};
+use super::nccl::{self, Nccl};
+use super::progress::Progress;
+use super::report::{self, Meta, Record, Stats};
+use super::svg;
+
+/// Graph replays timed per measurement in `-G 1` mode (after one untimed replay).
+pub const GRAPH_REPLAYS: usize = 5;
+
+/// Which library a measurement uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lib {
+    Ringccl,
+    Nccl,
+}
+
+impl Lib {
+    fn name(self) -> &'static str {
+        match self {
+            Lib::Ringccl => "ringccl",
+            Lib::Nccl => "nccl",
+        }
+    }
+}
+
+/// The whole run: prints the table, writes the files; `Ok(true)` when every element was right
+/// and nothing failed.
+pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
+    // cudarc panics when libcuda is missing: look first.
+    // SAFETY: only probes whether the library can be loaded.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(ringccl::Error::NoDriver.to_string());
+    }
+    let visible = CudaContext::device_count()
+        .map_err(|e| format!("cuDeviceGetCount failed with {:?}", e.0))?
+        .max(0) as usize;
+    let n = opts.ngpus.unwrap_or(visible);
+    if visible == 0 || n > visible {
+        return Err(ringccl::Error::TooFewDevices {
+            needed: n.max(1),
+            found: visible,
+        }
+        .to_string());
+    }
+    if opts.colls.iter().any(|c| c.has_root()) && opts.root >= n {
+        return Err(format!("--root {} is not a rank of {n} GPU(s)", opts.root));
+    }
+    let ordinals: Vec<usize> = (0..n).collect();
+    let comm = Communicator::new(&ordinals).map_err(|e| e.to_string())?;
+    for r in 0..n {
+        // SAFETY: every buffer ringccl-perf allocates is used on its rank's one stream only,
+        // and the streams are synchronised between phases and before buffers are dropped, so
+        // cudarc's per-slice events are not needed (NCCL gets none either). Without them, CUDA
+        // graph capture sees no waits on events recorded outside the capture.
+        unsafe { comm.context(r).disable_event_tracking() };
+    }
+
+    let mut notes = Vec::new();
+    let mut libs = opts.libs;
+    let nccl = if libs.nccl {
+        match Nccl::new(&ordinals) {
+            Ok(c) => Some(c),
+            Err(e) if libs.ringccl => {
+                notes.push(format!("NCCL unavailable ({e}): measuring ringccl only"));
+                libs.nccl = false;
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
+
+    let mut driver_version = 0i32;
+    // SAFETY: writes one int.
+    let driver_version = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .ok()
+        .map(|_| driver_version);
+    let meta = Meta {
+        date: report::utc_now(),
+        command,
+        gpus: (0..n)
+            .map(|r| {
+                let name = comm.context(r).name().unwrap_or_else(|_| "unknown".into());
+                (comm.ordinal(r), name)
+            })
+            .collect(),
+        driver_version,
+        nccl_version: nccl::version().map(|v| v.0),
+        ringccl_version: env!("CARGO_PKG_VERSION").to_string(),
+        iters: opts.iters,
+        warmup: opts.warmup,
+        check_iters: opts.check_iters,
+        graph_requested: opts.graph,
+        notes,
+    };
+
+    let sizes = args::sizes(&opts);
+    let steps: usize = opts
+        .colls
+        .iter()
+        .map(|c| opts.dtypes.len() * if c.has_op() { opts.ops.len() } else { 1 } * sizes.len())
+        .sum();
+    let mut bench = Bench {
+        comm: &comm,
+        nccl: nccl.as_ref(),
+        n,
+        opts: &opts,
+        ringccl: libs.ringccl,
+        events: (0..n).map(|_| Vec::new()).collect(),
+        records: Vec::new(),
+        notes: meta.notes.clone(),
+        progress: Progress::new(steps, opts.progress),
+        failures: 0,
+    };
+    print_preamble(&opts, &meta, &sizes);
+    for &coll in &opts.colls {
+        for &dtype in &opts.dtypes {
+            let ops: Vec<Option<RedOp>> = if coll.has_op() {
+                opts.ops.iter().copied().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            let res = match dtype {
+                DataType::F32 => bench.sweep::<f32>(coll, &ops, &sizes),
+                DataType::F64 => bench.sweep::<f64>(coll, &ops, &sizes),
+                DataType::F16 => bench.sweep::<half::f16>(coll, &ops, &sizes),
+                DataType::BF16 => bench.sweep::<half::bf16>(coll, &ops, &sizes),
+                DataType::I8 => bench.sweep::<i8>(coll, &ops, &sizes),
+                DataType::U8 => bench.sweep::<u8>(coll, &ops, &sizes),
+                DataType::I32 => bench.sweep::<i32>(coll, &ops, &sizes),
+                DataType::U32 => bench.sweep::<u32>(coll, &ops, &sizes),
+                DataType::I64 => bench.sweep::<i64>(coll, &ops, &sizes),
+                DataType::U64 => bench.sweep::<u64>(coll, &ops, &sizes),
+            };
+            if let Err(e) = res {
+                bench.progress.clear();
+                println!("# {} {}: {e}", coll.name(), dtype.name());
+                bench.failures += 1;
+            }
+        }
+    }
+    bench.progress.clear();
+    // Everything finishes before the communicators and buffers go.
+    let _ = comm.synchronize();
+
+    let records = std::mem::take(&mut bench.records);
+    let mut meta = meta;
+    meta.notes = std::mem::take(&mut bench.notes);
+    let failures = bench.failures;
+    drop(bench);
+    drop(nccl);
+    let wrong: usize = records.iter().filter_map(|r| r.wrong).sum();
+    let errors = records.iter().filter(|r| r.error.is_some()).count() + failures;
+    print_summary(&records, &meta, wrong, errors);
+
+    if let Some(p) = &opts.json {
+        std::fs::write(p, report::to_json(&meta, &records))
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    if let Some(p) = &opts.csv {
+        std::fs::write(p, report::to_csv(&records))
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    if let Some(p) = &opts.svg {
+        std::fs::write(p, svg::plot(&records, n))
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    Ok(wrong == 0 && errors == 0)
+}
+
+fn print_preamble(opts: &Options, meta: &Meta, sizes: &[usize]) {
+    println!(
+        "# ringccl-perf {}  minBytes {} maxBytes {} step: {}(factor) sizes: {} warmup iters: {} iters: {} check iters: {} graph: {}",
+        meta.ringccl_version,
+        opts.min_bytes,
+        opts.max_bytes,
+        opts.factor,
+        sizes.len(),
+        opts.warmup,
+        opts.iters,
+        opts.check_iters,
+        u8::from(opts.graph)
+    );
+    println!("#");
+    println!("# Using devices");
+    for (r, (ord, name)) in meta.gpus.iter().enumerate() {
+        println!("#  Rank {r:2} device {ord:2} [{name}]");
+    }
+    println!(
+        "# CUDA driver {}  NCCL {}",
+        meta.driver_version
+            .map_or("unknown".to_string(), |v| format!(
+                "{}.{} ({v})",
+                v / 1000,
+                (v % 1000) / 10
+            )),
+        meta.nccl_version.as_deref().unwrap_or("not loaded")
+    );
+    for note in &meta.notes {
+        println!("# note: {note}");
+    }
+}
+
+fn print_summary(records: &[Record], meta: &Meta, wrong: usize, errors: usize) {
+    println!("#");
+    for note in &meta.notes {
+        println!("# note: {note}");
+    }
+    println!(
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    );
+    if errors > 0 {
+        println!("# Errors               : {errors} measurement(s) failed");
+    }
+    for lib in ["ringccl", "nccl"] {
+        let bw: Vec<f64> = records
+            .iter()
+            .filter(|r| r.lib == lib && r.error.is_none() && r.busbw.is_finite() && r.bytes > 0)
+            .map(|r| r.busbw)
+            .collect();
+        if !bw.is_empty() {
+            println!(
+                "# Avg bus bandwidth ({lib:7}) : {:.3} GB/s",
+                bw.iter().sum::<f64>() / bw.len() as f64
+            );
+        }
+    }
+    println!("#");
+}
+
+/// The state of a run.
+struct Bench<'a> {
+    comm: &'a Communicator,
+    nccl: Option<&'a Nccl>,
+    n: usize,
+    opts: &'a Options,
+    ringccl: bool,
+    /// Timing events per rank (grown on demand).
+    events: Vec<Vec<CudaEvent>>,
+    records: Vec<Record>,
+    notes: Vec<String>,
+    progress: Progress,
+    /// Sweeps that could not run at all (allocation failures...).
+    failures: usize,
+}
+
+/// A rank's two buffers: `a` (send) and `b` (receive, and the one buffer in place).
+struct Bufs<T> {
+    a: Vec<CudaSlice<T>>,
+    b: Vec<CudaSlice<T>>,
+    a_ptr: Vec<u64>,
+    b_ptr: Vec<u64>,
+}
+
+/// What a measurement checks against.
+struct Expect<'t> {
+    pat: Pattern,
+    /// One period of the reduced values (reductions only).
+    table: &'t [f64],
+    tol: f64,
+}
+
+fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, String> {
+    r.map_err(|e| format!("{what} failed with {:?}", e.0))
+}
+
+/// Elements of the one in-place buffer, and the offset (elements) of rank `r`'s input in it.
+fn in_place_layout(coll: Coll, s: &Shape, r: usize) -> (usize, usize) {
+    match coll {
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce => (s.count, 0),
+        Coll::ReduceScatter => (s.send, 0),
+        Coll::AllGather => (s.recv, r * s.count),
+        Coll::AllToAll => (s.recv, 0),
+    }
+}
+
+impl Bench<'_> {
+    fn streams(&self) -> Vec<&Arc<CudaStream>> {
+        (0..self.n).map(|r| self.comm.stream(r)).collect()
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        self.comm.synchronize().map_err(|e| e.to_string())
+    }
+
+    fn libs(&self) -> Vec<Lib> {
+        let mut v = Vec::new();
+        if self.ringccl {
+            v.push(Lib::Ringccl);
+        }
+        if self.nccl.is_some() {
+            v.push(Lib::Nccl);
+        }
+        v
+    }
+
+    fn note(&mut self, s: String) {
+        if !self.notes.contains(&s) {
+            self.progress.clear();
+            println!("# note: {s}");
+            self.notes.push(s);
+        }
+    }
+
+    /// Every size of one collective and type, for each operator.
+    fn sweep<T: PerfElem>(
+        &mut self,
+        coll: Coll,
+        ops: &[Option<RedOp>],
+        sizes: &[usize],
+    ) -> Result<(), String> {
+        let n = self.n;
+        let elt = T::DTYPE.size();
+        let shapes: Vec<Shape> = sizes.iter().map(|&b| coll.shape(b, elt, n)).collect();
+        let a_len = shapes.iter().map(|s| s.send).max().unwrap_or(0).max(1);
+        let b_len = shapes
+            .iter()
+            .map(|s| s.send.max(s.recv))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut bufs = Bufs::<T> {
+            a: Vec::new(),
+            b: Vec::new(),
+            a_ptr: Vec::new(),
+            b_ptr: Vec::new(),
+        };
+        for r in 0..n {
+            let s = self.comm.stream(r);
+            let a = drv("cuMemAlloc (send buffer)", s.alloc_zeros::<T>(a_len))?;
+            let b = drv("cuMemAlloc (receive buffer)", s.alloc_zeros::<T>(b_len))?;
+            bufs.a_ptr.push(DeviceSlice::<T>::raw(&a).ptr);
+            bufs.b_ptr.push(DeviceSlice::<T>::raw(&b).ptr);
+            bufs.a.push(a);
+            bufs.b.push(b);
+        }
+        self.sync()?;
+        let tname = nccl_dtype_name(T::DTYPE);
+        let both = self.libs().len() == 2;
+        for &op in ops {
+            self.progress.clear();
+            println!("#");
+            println!(
+                "# Collective: {}   type: {} ({})   op: {}   root: {}   ranks: {}",
+                coll.name(),
+                tname,
+                T::DTYPE.name(),
+                op.map_or("none", RedOp::name),
+                if coll.has_root() {
+                    self.opts.root.to_string()
+                } else {
+                    "-".into()
+                },
+                n
+            );
+            println!("{}", report::table_header(both));
+            let pat = match op {
+                Some(op) => Pattern::reduction(op, n, T::LIMIT),
+                None => Pattern::copy(T::LIMIT),
+            };
+            let table = match op {
+                Some(op) => pat.reduced_table(op, n),
+                None => Vec::new(),
+            };
+            let tol = op.map_or(0.0, |op| data::tolerance(op, n, T::SIG_BITS));
+            let expect = Expect {
+                pat,
+                table: &table,
+                tol,
+            };
+            for (&bytes, shape) in sizes.iter().zip(&shapes) {
+                let label = format!(
+                    "{} {} {} {} B",
+                    coll.name(),
+                    T::DTYPE.name(),
+                    op.map_or("none", RedOp::name),
+                    bytes
+                );
+                self.progress.show(&label);
+                let inputs = self.inputs::<T>(coll, shape, pat);
+                let mut rows: Vec<(Lib, Option<Record>, Option<Record>)> = Vec::new();
+                for lib in self.libs() {
+                    let oop =
+                        self.measure(lib, coll, shape, op, false, &mut bufs, &inputs, &expect);
+                    let ip = if coll.has_in_place() {
+                        Some(self.measure(lib, coll, shape, op, true, &mut bufs, &inputs, &expect))
+                    } else {
+                        None
+                    };
+                    rows.push((lib, Some(oop), ip));
+                }
+                self.progress.clear();
+                let find = |l: Lib, ip: bool| {
+                    rows.iter().find(|(x, _, _)| *x == l).and_then(|(_, o, i)| {
+                        if ip {
+                            i.as_ref()
+                        } else {
+                            o.as_ref()
+                        }
+                    })
+                };
+                let mut out = std::io::stdout().lock();
+                for (lib, oop, ip) in &rows {
+                    let ratios = both.then(|| {
+                        if *lib == Lib::Ringccl {
+                            (
+                                report::ratio(find(Lib::Ringccl, false), find(Lib::Nccl, false)),
+                                report::ratio(find(Lib::Ringccl, true), find(Lib::Nccl, true)),
+                            )
+                        } else {
+                            (String::new(), String::new())
+                        }
+                    });
+                    let _ = writeln!(
+                        out,
+                        "{}",
+                        report::table_row(
+                            shape.bytes,
+                            shape.elems,
+                            tname,
+                            op.map_or("none", RedOp::name),
+                            coll.has_root().then_some(self.opts.root),
+                            lib.name(),
+                            oop.as_ref(),
+                            ip.as_ref(),
+                            ratios,
+                        )
+                    );
+                }
+                for (_, oop, ip) in &rows {
+                    for r in [oop, ip].into_iter().flatten() {
+                        if let Some(e) = &r.error {
+                            let _ = writeln!(
+                                out,
+                                "#   {} {} {}: {e}",
+                                r.lib,
+                                if r.inplace {
+                                    "in-place"
+                                } else {
+                                    "out-of-place"
+                                },
+                                r.bytes
+                            );
+                        }
+                    }
+                }
+                drop(out);
+                for (_, oop, ip) in rows {
+                    self.records.extend(oop);
+                    self.records.extend(ip);
+                }
+                self.progress.step();
+            }
+        }
+        // Nothing may still use the buffers when they are freed.
+        self.sync()?;
+        Ok(())
+    }
+
+    /// Every rank's send data for `shape` (only the root's for broadcast).
+    fn inputs<T: PerfElem>(&self, coll: Coll, shape: &Shape, pat: Pattern) -> Vec<Vec<T>> {
+        let root = self.opts.root;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..self.n)
+                .map(|r| {
+                    let len = if coll == Coll::Broadcast && r != root {
+                        0
+                    } else {
+                        shape.send
+                    };
+                    s.spawn(move || data::fill::<T>(pat, r, 0, len))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        })
+    }
+
+    /// One measurement (check, then timing); failures become the record's error.
+    #[allow(clippy::too_many_arguments)]
+    fn measure<T: PerfElem>(
+        &mut self,
+        lib: Lib,
+        coll: Coll,
+        shape: &Shape,
+        op: Option<RedOp>,
+        inplace: bool,
+        bufs: &mut Bufs<T>,
+        inputs: &[Vec<T>],
+        expect: &Expect<'_>,
+    ) -> Record {
+        let n = self.n;
+        let mut rec = Record {
+            collective: coll.name(),
+            dtype: T::DTYPE.name(),
+            op: op.map_or("none", RedOp::name),
+            root: coll.has_root().then_some(self.opts.root),
+            bytes: shape.bytes,
+            count: shape.elems,
+            lib: lib.name(),
+            inplace,
+            time_us: f64::NAN,
+            time_us_min: f64::NAN,
+            time_us_mean: f64::NAN,
+            algbw: f64::NAN,
+            busbw: f64::NAN,
+            wrong: None,
+            ngpus: n,
+            graph: false,
+            samples: 0,
+            error: None,
+        };
+        let result = (|| -> Result<(), String> {
+            if self.opts.check_iters > 0 {
+                let mut wrong = 0;
+                for _ in 0..self.opts.check_iters {
+                    self.prepare(coll, shape, inplace, bufs, inputs)?;
+                    self.launch(lib, coll, shape, op, inplace, bufs)?;
+                    wrong += self.verify(coll, shape, inplace, bufs, expect)?;
+                }
+                rec.wrong = Some(wrong);
+            }
+            let (times, graph) = self.time(lib, coll, shape, op, inplace, bufs)?;
+            let st = Stats::of(&times);
+            let (algbw, busbw) = report::bandwidths(shape.bytes, st.median, coll.busbw_factor(n));
+            rec.time_us = st.median;
+            rec.time_us_min = st.min;
+            rec.time_us_mean = st.mean;
+            rec.algbw = algbw;
+            rec.busbw = busbw;
+            rec.graph = graph;
+            rec.samples = times.len();
+            Ok(())
+        })();
+        if let Err(e) = result {
+            rec.error = Some(e);
+            // Leave the streams idle for the next measurement (errors here are reported by
+            // the next one).
+            let _ = self.comm.synchronize();
+        }
+        rec
+    }
+
+    /// Writes the inputs and poisons the outputs (all-ones bytes: NaN, -1 or MAX).
+    fn prepare<T: PerfElem>(
+        &self,
+        coll: Coll,
+        shape: &Shape,
+        inplace: bool,
+        bufs: &mut Bufs<T>,
+        inputs: &[Vec<T>],
+    ) -> Result<(), String> {
+        let elt = T::DTYPE.size();
+        for (r, input) in inputs.iter().enumerate() {
+            let s = self.comm.stream(r);
+            let (poison_len, in_off) = if inplace {
+                in_place_layout(coll, shape, r)
+            } else {
+                (shape.recv, 0)
+            };
+            if poison_len > 0 {
+                drv("cuCtxSetCurrent", s.context().bind_to_thread())?;
+                // SAFETY: `b_ptr[r]` is rank r's receive buffer, at least `poison_len`
+                // elements long (sized for the largest shape); the stream is rank r's.
+                drv("cuMemsetD8Async", unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        bufs.b_ptr[r],
+                        0xff,
+                        poison_len * elt,
+                        s.cu_stream(),
+                    )
+                })?;
+            }
+            if input.is_empty() {
+                continue;
+            }
+            if inplace {
+                let mut dst = bufs.b[r].slice_mut(in_off..in_off + input.len());
+                drv("cuMemcpyHtoDAsync", s.memcpy_htod(input, &mut dst))?;
+            } else {
+                let mut dst = bufs.a[r].slice_mut(0..input.len());
+                drv("cuMemcpyHtoDAsync", s.memcpy_htod(input, &mut dst))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues one call of the collective on every rank.
+    fn launch<T: PerfElem>(
+        &self,
+        lib: Lib,
+        coll: Coll,
+        shape: &Shape,
+        op: Option<RedOp>,
+        inplace: bool,
+        bufs: &mut Bufs<T>,
+    ) -> Result<(), String> {
+        let op = op.unwrap_or(RedOp::Sum);
+        let root = self.opts.root;
+        match lib {
+            Lib::Ringccl => {
+                let streams = self.streams();
+                if inplace {
+                    let len = in_place_layout(coll, shape, 0).0;
+                    let mut views: Vec<CudaViewMut<'_, T>> =
+                        bufs.b.iter_mut().map(|b| b.slice_mut(0..len)).collect();
+                    let mut io: Vec<Io<'_, T>> = views.iter_mut().map(Io::in_place).collect();
+                    self.ringccl_call(coll, &mut io, shape.count, op, &streams)
+                } else {
+                    let send: Vec<CudaView<'_, T>> =
+                        bufs.a.iter().map(|a| a.slice(0..shape.send)).collect();
+                    let mut recv: Vec<CudaViewMut<'_, T>> = bufs
+                        .b
+                        .iter_mut()
+                        .map(|b| b.slice_mut(0..shape.recv))
+                        .collect();
+                    let mut io: Vec<Io<'_, T>> = send
+                        .iter()
+                        .zip(recv.iter_mut())
+                        .enumerate()
+                        .map(|(r, (s, d))| match coll {
+                            Coll::Broadcast if r != root => Io::recv_only(d),
+                            Coll::Reduce if r != root => Io::send_only(s),
+                            _ => Io::out_of_place(s, d),
+                        })
+                        .collect();
+                    self.ringccl_call(coll, &mut io, shape.count, op, &streams)
+                }
+            }
+            Lib::Nccl => {
+                let Some(nccl) = self.nccl else {
+                    return Err("NCCL is not loaded".into());
+                };
+                let elt = T::DTYPE.size() as u64;
+                let (send, recv): (Vec<u64>, Vec<u64>) = (0..self.n)
+                    .map(|r| {
+                        let (a, b) = (bufs.a_ptr[r], bufs.b_ptr[r]);
+                        let block = (r * shape.count) as u64 * elt;
+                        if !inplace {
+                            (a, b)
+                        } else {
+                            match coll {
+                                Coll::ReduceScatter => (b, b + block),
+                                Coll::AllGather => (b + block, b),
+                                _ => (b, b),
+                            }
+                        }
+                    })
+                    .unzip();
+                let streams: Vec<&CudaStream> =
+                    self.streams().into_iter().map(|s| s.as_ref()).collect();
+                nccl.enqueue(
+                    coll,
+                    shape,
+                    T::NCCL,
+                    T::DTYPE.size(),
+                    op,
+                    root,
+                    &send,
+                    &recv,
+                    &streams,
+                )
+                .map_err(|e| format!("NCCL: {e}"))
+            }
+        }
+    }
+
+    fn ringccl_call<T: PerfElem>(
+        &self,
+        coll: Coll,
+        io: &mut [Io<'_, T>],
+        count: usize,
+        op: RedOp,
+        streams: &[&Arc<CudaStream>],
+    ) -> Result<(), String> {
+        let c = self.comm;
+        let root = self.opts.root;
+        match coll {
+            Coll::AllReduce => c.all_reduce(io, count, op, streams),
+            Coll::ReduceScatter => c.reduce_scatter(io, count, op, streams),
+            Coll::AllGather => c.all_gather(io, count, streams),
+            Coll::Broadcast => c.broadcast(io, count, root, streams),
+            Coll::Reduce => c.reduce(io, count, op, root, streams),
+            Coll::AllToAll => c.all_to_all(io, count, streams),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// Waits for the call, reads every output back and counts the wrong elements.
+    fn verify<T: PerfElem>(
+        &self,
+        coll: Coll,
+        shape: &Shape,
+        inplace: bool,
+        bufs: &mut Bufs<T>,
+        expect: &Expect<'_>,
+    ) -> Result<usize, String> {
+        self.sync()?;
+        let (n, root, count) = (self.n, self.opts.root, shape.count);
+        let Expect { pat, table, tol } = *expect;
+        let period = table.len().max(1);
+        std::thread::scope(|sc| -> Result<usize, String> {
+            let mut handles = Vec::new();
+            for r in 0..n {
+                if coll == Coll::Reduce && r != root {
+                    continue;
+                }
+                let (off, len) = match (coll, inplace) {
+                    (Coll::ReduceScatter, true) => (r * count, count),
+                    (_, true) => (0, in_place_layout(coll, shape, r).0),
+                    (_, false) => (0, shape.recv),
+                };
+                if len == 0 {
+                    continue;
+                }
+                let got = drv(
+                    "cuMemcpyDtoH",
+                    self.comm
+                        .stream(r)
+                        .clone_dtoh(&bufs.b[r].slice(off..off + len)),
+                )?;
+                handles.push(sc.spawn(move || {
+                    data::count_wrong(&got, tol, |j| match coll {
+                        Coll::AllReduce | Coll::Reduce => table[j % period],
+                        Coll::ReduceScatter => table[(r * count + j) % period],
+                        Coll::AllGather => pat.value(j / count, j % count),
+                        Coll::Broadcast => pat.value(root, j),
+                        Coll::AllToAll => pat.value(j / count, r * count + j % count),
+                    })
+                }));
+            }
+            let mut wrong = 0;
+            for h in handles {
+                wrong += h
+                    .join()
+                    .map_err(|_| "the check thread panicked".to_string())?;
+            }
+            Ok(wrong)
+        })
+    }
+
+    /// Makes sure every rank has `k` timing events.
+    fn ensure_events(&mut self, k: usize) -> Result<(), String> {
+        for r in 0..self.n {
+            while self.events[r].len() < k {
+                let e = drv(
+                    "cuEventCreate",
+                    self.comm
+                        .context(r)
+                        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+                )?;
+                self.events[r].push(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn record_all(&self, k: usize) -> Result<(), String> {
+        for r in 0..self.n {
+            drv(
+                "cuEventRecord",
+                self.events[r][k].record(self.comm.stream(r)),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Per-sample times (µs, slowest rank) between boundary events `0..=samples`, divided by
+    /// `per`.
+    fn read_times(&self, samples: usize, per: usize) -> Result<Vec<f64>, String> {
+        self.sync()?;
+        let mut times = vec![0.0f64; samples];
+        for r in 0..self.n {
+            for (k, t) in times.iter_mut().enumerate() {
+                let ms = drv(
+                    "cuEventElapsedTime",
+                    self.events[r][k].elapsed_ms(&self.events[r][k + 1]),
+                )?;
+                *t = t.max(ms as f64 * 1000.0 / per.max(1) as f64);
+            }
+        }
+        Ok(times)
+    }
+
+    /// Warm-ups, then the timed iterations (or graph replays); returns the per-iteration
+    /// times and whether they come from a graph.
+    fn time<T: PerfElem>(
+        &mut self,
+        lib: Lib,
+        coll: Coll,
+        shape: &Shape,
+        op: Option<RedOp>,
+        inplace: bool,
+        bufs: &mut Bufs<T>,
+    ) -> Result<(Vec<f64>, bool), String> {
+        let iters = self.opts.iters;
+        for _ in 0..self.opts.warmup {
+            self.launch(lib, coll, shape, op, inplace, bufs)?;
+        }
+        if self.opts.graph {
+            match self.capture(lib, coll, shape, op, inplace, bufs) {
+                Ok(graphs) => {
+                    self.ensure_events(GRAPH_REPLAYS + 1)?;
+                    for g in &graphs {
+                        drv("cuGraphLaunch", g.launch())?;
+                    }
+                    for k in 0..GRAPH_REPLAYS {
+                        self.record_all(k)?;
+                        for g in &graphs {
+                            drv("cuGraphLaunch", g.launch())?;
+                        }
+                    }
+                    self.record_all(GRAPH_REPLAYS)?;
+                    let times = self.read_times(GRAPH_REPLAYS, iters)?;
+                    drop(graphs);
+                    return Ok((times, true));
+                }
+                Err(e) => {
+                    self.note(format!(
+                        "CUDA-graph capture failed for {} {} ({e}); timing eager launches instead",
+                        lib.name(),
+                        coll.name()
+                    ));
+                    self.sync()?;
+                }
+            }
+        }
+        self.ensure_events(iters + 1)?;
+        self.record_all(0)?;
+        for k in 0..iters {
+            self.launch(lib, coll, shape, op, inplace, bufs)?;
+            self.record_all(k + 1)?;
+        }
+        Ok((self.read_times(iters, 1)?, false))
+    }
+
+    /// Captures `-n` calls into CUDA graphs: for NCCL one graph per rank's stream (as
+    /// nccl-tests does); for ringccl, whose ranks wait on each other's events, one graph
+    /// forked from rank 0's stream to every rank's stream and joined back.
+    fn capture<T: PerfElem>(
+        &mut self,
+        lib: Lib,
+        coll: Coll,
+        shape: &Shape,
+        op: Option<RedOp>,
+        inplace: bool,
+        bufs: &mut Bufs<T>,
+    ) -> Result<Vec<CudaGraph>, String> {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let flags = CUgraphInstantiate_flags(0);
+        let iters = self.opts.iters;
+        let streams: Vec<Arc<CudaStream>> = self.streams().into_iter().cloned().collect();
+        match lib {
+            Lib::Nccl => {
+                let mut begun = 0;
+                let body = (|| -> Result<(), String> {
+                    for s in &streams {
+                        drv("cuStreamBeginCapture", s.begin_capture(mode))?;
+                        begun += 1;
+                    }
+                    for _ in 0..iters {
+                        self.launch(lib, coll, shape, op, inplace, bufs)?;
+                    }
+                    Ok(())
+                })();
+                let mut graphs = Vec::new();
+                let mut first_err = body.err();
+                for s in &streams[..begun] {
+                    match s.end_capture(flags) {
+                        Ok(Some(g)) => graphs.push(g),
+                        Ok(None) => {
+                            first_err.get_or_insert_with(|| "the capture was empty".into());
+                        }
+                        Err(e) => {
+                            first_err.get_or_insert_with(|| {
+                                format!("cuStreamEndCapture failed with {:?}", e.0)
+                            });
+                        }
+                    }
+                }
+                match first_err {
+                    Some(e) => Err(e),
+                    None => Ok(graphs),
+                }
+            }
+            Lib::Ringccl => {
+                let s0 = &streams[0];
+                drv("cuStreamBeginCapture", s0.begin_capture(mode))?;
+                let mut joins = Vec::new();
+                let body = (|| -> Result<(), String> {
+                    let fork = drv("cuEventCreate", self.comm.context(0).new_event(None))?;
+                    drv("cuEventRecord", fork.record(s0))?;
+                    for s in &streams[1..] {
+                        drv("cuStreamWaitEvent", s.wait(&fork))?;
+                    }
+                    for _ in 0..iters {
+                        self.launch(lib, coll, shape, op, inplace, bufs)?;
+                    }
+                    for (r, s) in streams.iter().enumerate().skip(1) {
+                        let e = drv("cuEventCreate", self.comm.context(r).new_event(None))?;
+                        drv("cuEventRecord", e.record(s))?;
+                        drv("cuStreamWaitEvent", s0.wait(&e))?;
+                        joins.push(e);
+                    }
+                    Ok(())
+                })();
+                let end = s0.end_capture(flags);
+                drop(joins);
+                body?;
+                match end {
+                    Ok(Some(g)) => Ok(vec![g]),
+                    Ok(None) => Err("the capture was empty".into()),
+                    Err(e) => Err(format!("cuStreamEndCapture failed with {:?}", e.0)),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! NCCL, for comparison: one communicator per rank of one process (`ncclCommInitAll`), driven
+//! through cudarc's raw `result` layer on the same buffers and streams as ringccl.
+//!
+//! The raw layer is used rather than `cudarc::nccl::Comm` because `Comm`'s calls take their
+//! counts from buffer lengths (no in-place all-gather/reduce-scatter at an offset) and its
+//! `Drop` panics when the abort fails; [`Nccl`] destroys its communicators quietly.
+
+use std::ffi::c_void;
+
+use cudarc::driver::CudaStream;
+use cudarc::nccl::{result, sys};
+use ringccl::RedOp;
+
+use super::coll::{Coll, Shape};
+
+/// An NCCL error as text (cudarc's `NcclError` has no `Display` and its `Debug` hides the code).
+pub fn err_text(e: result::NcclError) -> String {
+    format!("{:?}", e.0)
+}
+
+/// NCCL's version as `major.minor.patch` and its number, if the library loads.
+pub fn version() -> Option<(String, i32)> {
+    // SAFETY: only probes whether the library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    let v = result::get_nccl_version().ok()?;
+    // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+    let (major, minor, patch) = if v >= 10000 {
+        (v / 10000, (v % 10000) / 100, v % 100)
+    } else {
+        (v / 1000, (v % 1000) / 100, v % 100)
+    };
+    Some((format!("{major}.{minor}.{patch}"), v))
+}
+
+/// One NCCL communicator per rank, created together.
+pub struct Nccl {
+    comms: Vec<sys::ncclComm_t>,
+}
+
+impl Nccl {
+    /// Communicators over the devices `ordinals` (rank `r` on `ordinals[r]`).
+    pub fn new(ordinals: &[usize]) -> Result<Nccl, String> {
+        // SAFETY: only probes whether the library can be loaded (cudarc panics on use otherwise).
+        if !unsafe { sys::is_culib_present() } {
+            return Err("the NCCL library (libnccl.so) was not found".into());
+        }
+        let devs: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
+        let mut comms = vec![std::ptr::null_mut(); devs.len()];
+        // SAFETY: `comms` has room for one communicator per device in `devs`.
+        unsafe { result::comm_init_all(comms.as_mut_ptr(), devs.len() as i32, devs.as_ptr()) }
+            .map_err(|e| format!("ncclCommInitAll failed with {}", err_text(e)))?;
+        Ok(Nccl { comms })
+    }
+
+    /// Enqueues one collective on every rank inside one NCCL group. `send[r]`/`recv[r]` are the
+    /// device addresses of rank `r`'s buffers (equal, or at NCCL's in-place offset, for an
+    /// in-place call); `streams[r]` rank `r`'s stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue(
+        &self,
+        coll: Coll,
+        shape: &Shape,
+        dtype: sys::ncclDataType_t,
+        elt: usize,
+        op: RedOp,
+        root: usize,
+        send: &[u64],
+        recv: &[u64],
+        streams: &[&CudaStream],
+    ) -> Result<(), String> {
+        result::group_start().map_err(|e| format!("ncclGroupStart: {}", err_text(e)))?;
+        let mut first_err = None;
+        for (r, &comm) in self.comms.iter().enumerate() {
+            if let Err(e) = self.one(
+                coll, shape, dtype, elt, op, root, send[r], recv[r], comm, streams[r],
+            ) {
+                first_err = Some(format!("rank {r}: {e}"));
+                break;
+            }
+        }
+        let end = result::group_end().map_err(|e| format!("ncclGroupEnd: {}", err_text(e)));
+        match first_err {
+            Some(e) => Err(e),
+            None => end.map(|_| ()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn one(
+        &self,
+        coll: Coll,
+        shape: &Shape,
+        dtype: sys::ncclDataType_t,
+        elt: usize,
+        op: RedOp,
+        root: usize,
+        send: u64,
+        recv: u64,
+        comm: sys::ncclComm_t,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        let s = stream.cu_stream() as sys::cudaStream_t;
+        let sp = send as *const c_void;
+        let rp = recv as *mut c_void;
+        let red = match op {
+            RedOp::Sum => sys::ncclRedOp_t::ncclSum,
+            RedOp::Prod => sys::ncclRedOp_t::ncclProd,
+            RedOp::Min => sys::ncclRedOp_t::ncclMin,
+            RedOp::Max => sys::ncclRedOp_t::ncclMax,
+            RedOp::Avg => sys::ncclRedOp_t::ncclAvg,
+        };
+        let root = root as i32;
+        let c = shape.count;
+        // SAFETY: the addresses are device buffers of this rank, large enough for `shape`
+        // (allocated by the caller for the largest size); the stream belongs to the rank's
+        // device; the communicator is alive.
+        let res = unsafe {
+            match coll {
+                Coll::AllReduce => result::all_reduce(sp, rp, c, dtype, red, comm, s),
+                Coll::ReduceScatter => result::reduce_scatter(sp, rp, c, dtype, red, comm, s),
+                Coll::AllGather => result::all_gather(sp, rp, c, dtype, comm, s),
+                Coll::Broadcast => result::broadcast(sp, rp, c, dtype, root, comm, s),
+                Coll::Reduce => result::reduce(sp, rp, c, dtype, red, root, comm, s),
+                Coll::AllToAll => {
+                    // As nccl-tests: one send and one receive per peer, in the group.
+                    let block = (c * elt) as u64;
+                    let mut res = Ok(result::NcclStatus::Success);
+                    for peer in 0..self.comms.len() {
+                        let off = peer as u64 * block;
+                        res = result::send(
+                            (send + off) as *const c_void,
+                            c,
+                            dtype,
+                            peer as i32,
+                            comm,
+                            s,
+                        )
+                        .and_then(|_| {
+                            result::recv(
+                                (recv + off) as *mut c_void,
+                                c,
+                                dtype,
+                                peer as i32,
+                                comm,
+                                s,
+                            )
+                        });
+                        if res.is_err() {
+                            break;
+                        }
+                    }
+                    res
+                }
+            }
+        };
+        res.map(|_| ()).map_err(err_text)
+    }
+}
+
+impl Drop for Nccl {
+    fn drop(&mut self) {
+        for &c in &self.comms {
+            // SAFETY: each communicator was created by `comm_init_all` and is destroyed once;
+            // the caller synchronises the streams before dropping. Errors are ignored.
+            let _ = unsafe { result::comm_destroy(c) };
+        }
+    }
+}
