@@ -1807,3 +1807,203 @@ fn invalid_arguments_leave_buffers_untouched() {
 
     tally.finish();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The checker itself (CPU only): a GPU run that passes means something only if these hold
+// ---------------------------------------------------------------------------------------------
+
+mod checker {
+    use super::*;
+
+    #[test]
+    fn compare_flags_changed_unwritten_and_out_of_bounds_elements() {
+        let input: Vec<i32> = vec![1, 2, 3];
+        let want = vec![Seg::Bits(&input[..])];
+        let good = materialise(&want);
+        let mut t = Tally::new("self-test");
+        t.compare("good", &good, &want);
+        assert_eq!((t.mismatches, t.elements), (0, 3 + 2 * GUARD as u64));
+
+        let mut changed = good.clone();
+        changed[GUARD + 1] = 7;
+        t.compare("changed", &changed, &want);
+        assert_eq!(t.mismatches, 1);
+
+        let mut over = good.clone();
+        over[GUARD + 3] = 0;
+        t.compare("over", &over, &want);
+        let mut under = good.clone();
+        under[GUARD - 1] = 0;
+        t.compare("under", &under, &want);
+        assert_eq!(t.mismatches, 3);
+        assert!(
+            t.notes[1].contains("guard after, element 3"),
+            "{}",
+            t.notes[1]
+        );
+        assert!(
+            t.notes[2].contains("guard before, element -1"),
+            "{}",
+            t.notes[2]
+        );
+
+        let unwritten = materialise::<i32>(&[Seg::Poison(3)]);
+        t.compare("unwritten", &unwritten, &want);
+        assert_eq!(t.mismatches, 6);
+    }
+
+    #[test]
+    fn float_checks_reject_poison_and_values_outside_the_bound() {
+        let r = [Approx {
+            value: 1.0,
+            bound: 0.25,
+        }];
+        let want = vec![Seg::Approx(&r[..])];
+        let mut t = Tally::new("self-test");
+        for (x, ok) in [
+            (1.25f32, true),
+            (0.75, true),
+            (1.2501, false),
+            (f32::POISON, false),
+        ] {
+            let mut got = materialise::<f32>(&[Seg::Poison(1)]);
+            got[GUARD] = x;
+            let before = t.mismatches;
+            t.compare("approx", &got, &want);
+            assert_eq!(t.mismatches == before, ok, "{x}");
+        }
+    }
+
+    /// Sequential sums, products and averages rounded in the type at every step (one of the
+    /// orders the ring may use) stay within the documented bound; a result a few units in the
+    /// last place further away does not.
+    #[test]
+    fn float_bounds_hold_for_rounded_folds_and_are_tight() {
+        fn check<T: Elem>() {
+            for n in [2usize, 3, 8] {
+                for i in 0..500 {
+                    for op in [RedOp::Sum, RedOp::Avg, RedOp::Prod] {
+                        let class = class_of::<T>(Some(op));
+                        let xs: Vec<T> = (0..n)
+                            .map(|r| gen::<T>(&format!("bound {n} {i} {r}"), 1, class)[0])
+                            .collect();
+                        let vals: Vec<f64> = xs.iter().map(|x| x.to_f64()).collect();
+                        let reference = float_ref(op, &vals, T::U, T::ETA);
+                        let fold = |f: fn(f64, f64) -> f64| {
+                            vals[1..]
+                                .iter()
+                                .fold(vals[0], |a, &b| T::from_f64(f(a, b)).to_f64())
+                        };
+                        let got = match op {
+                            RedOp::Prod => fold(|a, b| a * b),
+                            RedOp::Sum => fold(|a, b| a + b),
+                            _ => T::from_f64(fold(|a, b| a + b) / n as f64).to_f64(),
+                        };
+                        let err = (got - reference.value).abs();
+                        assert!(
+                            err <= reference.bound,
+                            "{} {op:?} {vals:?}: {got} vs {reference:?}",
+                            type_name::<T>()
+                        );
+                    }
+                }
+            }
+            // Tight enough: for a sum of two values the bound is under 3 units in the last place
+            // of the result, so an error of 4 units is caught.
+            let vals = [1.0, 1.0];
+            let r = float_ref(RedOp::Sum, &vals, T::U, T::ETA);
+            let ulp = 2.0 * T::U * 2.0;
+            assert!(r.bound < 3.0 * ulp, "{} {r:?}", type_name::<T>());
+        }
+        check::<f32>();
+        check::<f16>();
+        check::<bf16>();
+        check::<f64>();
+    }
+
+    #[test]
+    fn integer_references_wrap_and_truncate() {
+        assert_eq!(exact_ref(RedOp::Sum, &[100i8, 100]), -56);
+        assert_eq!(exact_ref(RedOp::Avg, &[100i8, 100]), -28);
+        assert_eq!(exact_ref(RedOp::Avg, &[-3i32, 0]), -1);
+        assert_eq!(exact_ref(RedOp::Avg, &[255u8, 1, 7]), 2);
+        assert_eq!(exact_ref(RedOp::Prod, &[16u8, 16]), 0);
+        assert_eq!(exact_ref(RedOp::Prod, &[u64::MAX, 3]), u64::MAX - 2);
+        assert_eq!(exact_ref(RedOp::Min, &[5u32, 3, 9]), 3);
+        assert_eq!(exact_ref(RedOp::Max, &[-5i64, -3, -9]), -3);
+        let (a, b) = (f16::from_f32(1.5), f16::from_f32(-2.0));
+        assert_eq!(exact_ref(RedOp::Min, &[a, b]), b);
+        assert_eq!(exact_ref(RedOp::Max, &[a, b]), a);
+    }
+
+    #[test]
+    fn inputs_are_deterministic_nonzero_and_in_range() {
+        let a = gen::<bf16>("x", 3 * BLOCK + 5, Class::Wide);
+        let b = gen::<bf16>("x", 3 * BLOCK + 5, Class::Wide);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.bits() == y.bits()));
+        assert!(a
+            .iter()
+            .all(|x| (0.0625..=32.0).contains(&x.to_f64().abs())));
+        let p = gen::<f16>("y", 1000, Class::NearOne);
+        assert!(p.iter().all(|x| (0.5..=2.0).contains(&x.to_f64().abs())));
+        assert!(p.iter().any(|x| x.to_f64() < 0.0) && p.iter().any(|x| x.to_f64() > 0.0));
+        let u = gen::<u8>("z", 1000, Class::Bits);
+        assert!(u.iter().any(|&x| x > 127) && u.iter().any(|&x| x != 0));
+        // The poison is a NaN for floats, so it never passes a float check.
+        assert!(f32::POISON.is_nan() && f64::POISON.is_nan());
+        assert!(f16::POISON.is_nan() && bf16::POISON.is_nan());
+    }
+
+    #[test]
+    fn images_overlay_and_cut() {
+        let v: Vec<u8> = (0..10).collect();
+        let base = vec![Seg::Poison(4), Seg::Bits(&v[..6])];
+        let top = [Seg::Bits(&v[7..9])];
+        let img = overlay(&base, 3, &top);
+        let host = materialise(&img);
+        let p = u8::POISON;
+        assert_eq!(&host[GUARD..GUARD + 10], &[p, p, p, 7, 8, 1, 2, 3, 4, 5]);
+        assert_eq!(total(&cut(&img, 2..9)), 7);
+    }
+
+    /// The in-place plan puts each rank's input and output where NCCL's layout says.
+    #[test]
+    fn in_place_plans_follow_the_layouts() {
+        let n = 3;
+        let c = 2;
+        let inputs: Vec<Vec<u32>> = (0..n as u32)
+            .map(|r| vec![10 * r + 1, 10 * r + 2])
+            .collect();
+        let (roles, images) = plan(Coll::AllGather, Placement::InPlace, 0, c, &inputs, None);
+        assert!(roles.iter().all(|&r| r == Role::InPlace));
+        let im = images[1][0].as_ref().expect("rank 1's buffer");
+        let p = u32::POISON;
+        assert_eq!(
+            &materialise(&im.before)[GUARD..GUARD + 6],
+            &[p, p, 11, 12, p, p]
+        );
+        let after: Vec<u32> = im
+            .after
+            .iter()
+            .flat_map(|s| match s {
+                Seg::Bits(b) => b.to_vec(),
+                _ => panic!("all-gather output is exact"),
+            })
+            .collect();
+        assert_eq!(after, vec![1, 2, 11, 12, 21, 22]);
+
+        let inputs: Vec<Vec<u32>> = (0..n as u32)
+            .map(|r| (0..6).map(|i| 10 * r + i).collect())
+            .collect();
+        let (roles, images) = plan(Coll::Scatter, Placement::OutOfPlace, 2, c, &inputs, None);
+        assert_eq!(
+            roles,
+            vec![Role::RecvOnly, Role::RecvOnly, Role::OutOfPlace]
+        );
+        let im = images[1][1].as_ref().expect("rank 1's output");
+        let Seg::Bits(b) = im.after[0] else {
+            panic!("scatter output is exact")
+        };
+        assert_eq!(b, &[22, 23]);
+    }
+}
