@@ -423,6 +423,11 @@ impl CallGuard<'_> {
     /// the end of the previous call (the last user of the old buffer), frees it there, allocates
     /// the new one there, and the end-of-previous-call event is re-recorded after the
     /// allocation, so the next call's start (which waits on that event) sees the new memory.
+    /// The bytes of `rank`'s scratch allocated now (0 for none or a bad rank).
+    pub(crate) fn scratch_bytes(&self, rank: usize) -> usize {
+        self.state.get(rank).map_or(0, |st| st.scratch_bytes)
+    }
+
     pub(crate) fn scratch_ptr(&mut self, rank: usize, bytes: usize) -> Result<u64> {
         let r = Some(rank);
         let (Some(info), Some(st)) = (self.comm.ranks.get(rank), self.state.get_mut(rank)) else {

@@ -12,12 +12,17 @@
 //! 4. rank `r`'s stream waits the events of `end_waits[r]` and records the communicator's
 //!    end-of-call event for `r`.
 //!
+//! While the streams are being captured into a CUDA graph, 1's wait and 4's record are left
+//! out (an event recorded outside a capture cannot be waited on inside it, and vice versa):
+//! the graph's own order keeps scratch safe between its calls, and scratch cannot grow
+//! during a capture (run the call once eagerly first).
+//!
 //! Nothing here blocks the host. Between two ranks without peer access (or with
 //! `RINGCCL_P2P_DISABLE=1`) a step does not touch the peer's memory directly: sources are
 //! first copied with `cuMemcpyPeerAsync` into a staging area in the exec rank's scratch, and
 //! destinations on the peer are written to staging and copied out after the kernel.
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 use crate::comm::{CallGuard, Communicator};
 use crate::driver::{self, Traffic};
@@ -270,18 +275,29 @@ fn execute_planned(
     let stage = staging_bytes(s, size, |a, b| comm.peer_access(a, b));
     let stage_off = staging_offset(s, size);
 
+    let capturing = capturing(streams)?;
     let mut g = comm.begin_call();
     let mut scratch = vec![0u64; n];
     for (r, base) in scratch.iter_mut().enumerate() {
         if s.scratch_len > 0 || stage[r] > 0 {
-            *base = g.scratch_ptr(r, stage_off + stage[r])?;
+            let bytes = stage_off + stage[r];
+            if capturing && g.scratch_bytes(r) < bytes {
+                return Err(Error::invalid(
+                    Some(r),
+                    Arg::Stream,
+                    "the stream is being captured into a CUDA graph and this call needs more \
+                     scratch memory than the communicator has: run the same call once before \
+                     capturing",
+                ));
+            }
+            *base = g.scratch_ptr(r, bytes)?;
         }
     }
 
     let issued = issue(
-        &mut g, s, plan, dtype, op, ptrs, streams, &scratch, stage_off,
+        &mut g, s, plan, dtype, op, ptrs, streams, &scratch, stage_off, capturing,
     );
-    if issued.is_err() {
+    if issued.is_err() && !capturing {
         // Best effort: mark the end of what was enqueued, so that the next call's start (and a
         // scratch reallocation) waits for it on each rank's stream.
         for (r, stream) in streams.iter().enumerate() {
@@ -304,12 +320,17 @@ fn issue(
     streams: &[&CudaStream],
     scratch: &[u64],
     stage_off: usize,
+    capturing: bool,
 ) -> Result<()> {
     let n = s.nranks;
-    // 1. Start events, after the previous call on each rank.
+    // 1. Start events, after the previous call on each rank. While the streams are captured
+    //    into a graph, the previous call's end event (recorded outside the capture) cannot be
+    //    waited on (CUDA_ERROR_STREAM_CAPTURE_ISOLATION): the graph's own order stands in for it.
     let mut start = Vec::with_capacity(n);
     for (r, stream) in streams.iter().enumerate() {
-        wait(stream, end_event(g, r)?, r)?;
+        if !capturing {
+            wait(stream, end_event(g, r)?, r)?;
+        }
         let ix = g.next_event(r)?;
         record(event(g, r, ix)?, stream, r)?;
         start.push(ix);
@@ -363,9 +384,26 @@ fn issue(
             })?;
             wait(streams[r], event(g, s.steps[d].exec, ix)?, r)?;
         }
-        record(end_event(g, r)?, streams[r], r)?;
+        // Not while capturing: the next eager call must not wait on an event recorded inside
+        // a capture.
+        if !capturing {
+            record(end_event(g, r)?, streams[r], r)?;
+        }
     }
     Ok(())
+}
+
+/// Whether any of the streams is being captured into a CUDA graph (then all must be, in the
+/// same capture: a cross-stream wait would fail otherwise).
+fn capturing(streams: &[&CudaStream]) -> Result<bool> {
+    let mut any = false;
+    for (r, stream) in streams.iter().enumerate() {
+        let status = stream
+            .capture_status()
+            .map_err(|e| Error::cuda("cuStreamIsCapturing", Some(r), e))?;
+        any |= status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    }
+    Ok(any)
 }
 
 /// Enqueues one step on `stream` (its exec rank's stream).
