@@ -54,6 +54,21 @@ for phase in "$@"; do
       step perf-coll "$PERF" -t all_gather,reduce_scatter,broadcast,reduce,all_to_all -d float -b 1K -e 1G -f 4 -n 10 -w 3 --no-progress \
         --json "$OUT/perf-collectives.json" --csv "$OUT/perf-collectives.csv"
       ;;
+    final)
+      # The last call of a session: correctness of everything, then the key sweeps; every step
+      # is bounded so that a hang cannot eat the lease.
+      step collectives timeout 170 "$B/tests/test-collectives" --include-ignored --test-threads=1 --nocapture
+      step lib-gpu timeout 30 "$B/tests/lib-ringccl" --include-ignored --test-threads=1 two_gpu
+      step example timeout 20 "$B/examples/all_reduce"
+      step perf-ar timeout 80 "$PERF" -t all_reduce -d float,bfloat16 -b 8 -e 1G -f 4 -n 20 -w 5 --no-progress \
+        --json "$OUT/perf-all_reduce.json" --csv "$OUT/perf-all_reduce.csv" --svg "$OUT/perf-all_reduce.svg"
+      step perf-ar-graph timeout 30 "$PERF" -t all_reduce -d float -b 8 -e 64K -f 4 -n 20 -w 5 -G 1 --no-progress \
+        --json "$OUT/perf-all_reduce-graph.json"
+      for pb in 32 132; do
+        step "perf-peer$pb" env RINGCCL_PEER_BLOCKS=$pb timeout 30 "$PERF" -t all_reduce -d float -b 64M -e 1G -f 4 -n 10 -w 3 \
+          --lib ringccl --no-progress
+      done
+      ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
