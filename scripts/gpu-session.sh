@@ -37,7 +37,7 @@ for phase in "$@"; do
       step kernels "$B/tests/test-kernels" --include-ignored --test-threads=1
       step lib-gpu "$B/tests/lib-ringccl" --include-ignored --test-threads=1
       [ -x "$B/tests/test-collectives" ] && step collectives "$B/tests/test-collectives" --include-ignored --test-threads=1
-      step example "$B/examples/all_reduce"
+      step example "$B/examples/example-all_reduce"
       ;;
     bench)
       step bench-kernels "$B/benches/bench-kernels" --bench
@@ -59,7 +59,7 @@ for phase in "$@"; do
       # is bounded so that a hang cannot eat the lease.
       step collectives timeout 170 "$B/tests/test-collectives" --include-ignored --test-threads=1 --nocapture
       step lib-gpu timeout 30 "$B/tests/lib-ringccl" --include-ignored --test-threads=1 two_gpu
-      step example timeout 20 "$B/examples/all_reduce"
+      step example timeout 20 "$B/examples/example-all_reduce"
       step perf-ar timeout 80 "$PERF" -t all_reduce -d float,bfloat16 -b 8 -e 1G -f 4 -n 20 -w 5 --no-progress \
         --json "$OUT/perf-all_reduce.json" --csv "$OUT/perf-all_reduce.csv" --svg "$OUT/perf-all_reduce.svg"
       step perf-ar-graph timeout 30 "$PERF" -t all_reduce -d float -b 8 -e 64K -f 4 -n 20 -w 5 -G 1 --no-progress \

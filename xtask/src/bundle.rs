@@ -284,6 +284,21 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         .into_iter()
         .filter(|a| a.kind == "bin")
         .collect();
+    let examples = cargo_json(
+        &root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "ringccl",
+            "--examples",
+            "--message-format=json-render-diagnostics",
+        ],
+    )?;
+    let examples: Vec<Artifact> = executables(&examples)
+        .into_iter()
+        .filter(|a| a.kind == "example")
+        .collect();
 
     if out.exists() {
         // Only ever delete a previous bundle.
@@ -332,6 +347,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
     let test_paths = copy_group("tests", &tests)?;
     let bench_paths = copy_group("benches", &benches)?;
     let bin_paths = copy_group("bin", &bins)?;
+    let example_paths = copy_group("examples", &examples)?;
 
     let ptx_out = out.join("ptx");
     fs::create_dir_all(&ptx_out)
@@ -375,6 +391,11 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
     );
     println!("  bin     ({}): {}", bin_paths.len(), bin_paths.join(" "));
     println!(
+        "  examples ({}): {}",
+        example_paths.len(),
+        example_paths.join(" ")
+    );
+    println!(
         "  ptx/, run-all.sh; size {}{}",
         mb(size),
         if strip.is_some() {
@@ -384,7 +405,12 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         }
     );
     if size > MAX_BUNDLE_BYTES {
-        for rel in test_paths.iter().chain(&bench_paths).chain(&bin_paths) {
+        for rel in test_paths
+            .iter()
+            .chain(&bench_paths)
+            .chain(&bin_paths)
+            .chain(&example_paths)
+        {
             let len = fs::metadata(out.join(rel)).map_or(0, |m| m.len());
             println!("  {:>9}  {rel}", mb(len));
         }
