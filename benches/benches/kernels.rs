@@ -107,6 +107,7 @@ impl Work {
                     EntryKind::Reduce => "reduce_sum(2 src)",
                     EntryKind::ReduceCopy if two => "reduce_copy_sum(2 src, 2 dst)",
                     EntryKind::ReduceCopy => "reduce_copy_sum(2 src, 1 dst)",
+                    EntryKind::OneShot => "oneshot_sum",
                 };
                 format!("{k} {dtype}")
             }
@@ -139,6 +140,11 @@ impl Work {
                 .ok_or_else(|| ringccl_tests::Error::msg("bad source count"))?,
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(ops.a.ptr(), ops.b.ptr(), ops.d0.ptr(), d1, n, 1)
+            }
+            EntryKind::OneShot => {
+                return Err(ringccl_tests::Error::msg(
+                    "the one-shot kernel needs every rank: not a single-GPU bench",
+                ))
             }
         };
         // SAFETY: every operand is a distinct 1 GiB buffer holding `n` elements.

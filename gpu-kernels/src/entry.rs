@@ -7,6 +7,10 @@
 //! * [`EntryKind::Copy`]: `src, dst0, dst1 (0 = none), count: u64`
 //! * [`EntryKind::Reduce`]: `s0..s7 (unused = 0), nsrc: u32, dst, count: u64, postdiv: u32`
 //! * [`EntryKind::ReduceCopy`]: `a, b, dst0, dst1 (0 = none), count: u64, postdiv: u32`
+//! * [`EntryKind::OneShot`]: `s0..s7 (every rank's input in rank order, unused = 0), nsrc: u32
+//!   (= nranks), dst, tmp (0 = out of place), count: u64, postdiv: u32, my_flags, f0..f7
+//!   (every rank's flag array, unused = 0), rank: u32`; launch exactly one block per rank
+//!   (see [`crate::oneshot`])
 //!
 //! `postdiv` is the rank count in the step that writes an `avg` result, else 1.
 
@@ -21,6 +25,9 @@ pub enum EntryKind {
     Reduce,
     /// Two sources folded, written to one or two destinations.
     ReduceCopy,
+    /// A whole all-reduce of up to eight ranks in one block per rank, with a device-side
+    /// barrier over flags in every rank's memory (see `crate::oneshot`).
+    OneShot,
 }
 
 /// One PTX entry point.
@@ -55,7 +62,7 @@ const fn ep(
 /// ```
 /// use gpu_kernels::{entry::find_entry, EntryKind, ENTRY_POINTS};
 /// use gpu_kernels::op::RedOp;
-/// assert_eq!(ENTRY_POINTS.len(), 110);
+/// assert_eq!(ENTRY_POINTS.len(), 160);
 /// let e = find_entry(EntryKind::ReduceCopy, "bf16", Some(RedOp::Sum)).unwrap();
 /// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
 /// ```
@@ -667,6 +674,306 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     ep(
         "ringccl_reduce_copy_avg_u64",
         EntryKind::ReduceCopy,
+        "u64",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_f32",
+        EntryKind::OneShot,
+        "f32",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_f32",
+        EntryKind::OneShot,
+        "f32",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_f32",
+        EntryKind::OneShot,
+        "f32",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_f32",
+        EntryKind::OneShot,
+        "f32",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_f32",
+        EntryKind::OneShot,
+        "f32",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_f64",
+        EntryKind::OneShot,
+        "f64",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_f64",
+        EntryKind::OneShot,
+        "f64",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_f64",
+        EntryKind::OneShot,
+        "f64",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_f64",
+        EntryKind::OneShot,
+        "f64",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_f64",
+        EntryKind::OneShot,
+        "f64",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_f16",
+        EntryKind::OneShot,
+        "f16",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_f16",
+        EntryKind::OneShot,
+        "f16",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_f16",
+        EntryKind::OneShot,
+        "f16",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_f16",
+        EntryKind::OneShot,
+        "f16",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_f16",
+        EntryKind::OneShot,
+        "f16",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_bf16",
+        EntryKind::OneShot,
+        "bf16",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_bf16",
+        EntryKind::OneShot,
+        "bf16",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_bf16",
+        EntryKind::OneShot,
+        "bf16",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_bf16",
+        EntryKind::OneShot,
+        "bf16",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_bf16",
+        EntryKind::OneShot,
+        "bf16",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_i8",
+        EntryKind::OneShot,
+        "i8",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_i8",
+        EntryKind::OneShot,
+        "i8",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_i8",
+        EntryKind::OneShot,
+        "i8",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_i8",
+        EntryKind::OneShot,
+        "i8",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_i8",
+        EntryKind::OneShot,
+        "i8",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_u8",
+        EntryKind::OneShot,
+        "u8",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_u8",
+        EntryKind::OneShot,
+        "u8",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_u8",
+        EntryKind::OneShot,
+        "u8",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_u8",
+        EntryKind::OneShot,
+        "u8",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_u8",
+        EntryKind::OneShot,
+        "u8",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_i32",
+        EntryKind::OneShot,
+        "i32",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_i32",
+        EntryKind::OneShot,
+        "i32",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_i32",
+        EntryKind::OneShot,
+        "i32",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_i32",
+        EntryKind::OneShot,
+        "i32",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_i32",
+        EntryKind::OneShot,
+        "i32",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_u32",
+        EntryKind::OneShot,
+        "u32",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_u32",
+        EntryKind::OneShot,
+        "u32",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_u32",
+        EntryKind::OneShot,
+        "u32",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_u32",
+        EntryKind::OneShot,
+        "u32",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_u32",
+        EntryKind::OneShot,
+        "u32",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_i64",
+        EntryKind::OneShot,
+        "i64",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_i64",
+        EntryKind::OneShot,
+        "i64",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_i64",
+        EntryKind::OneShot,
+        "i64",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_i64",
+        EntryKind::OneShot,
+        "i64",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_i64",
+        EntryKind::OneShot,
+        "i64",
+        Some(RedOp::Avg),
+    ),
+    ep(
+        "ringccl_oneshot_sum_u64",
+        EntryKind::OneShot,
+        "u64",
+        Some(RedOp::Sum),
+    ),
+    ep(
+        "ringccl_oneshot_prod_u64",
+        EntryKind::OneShot,
+        "u64",
+        Some(RedOp::Prod),
+    ),
+    ep(
+        "ringccl_oneshot_min_u64",
+        EntryKind::OneShot,
+        "u64",
+        Some(RedOp::Min),
+    ),
+    ep(
+        "ringccl_oneshot_max_u64",
+        EntryKind::OneShot,
+        "u64",
+        Some(RedOp::Max),
+    ),
+    ep(
+        "ringccl_oneshot_avg_u64",
+        EntryKind::OneShot,
         "u64",
         Some(RedOp::Avg),
     ),

@@ -66,6 +66,32 @@ macro_rules! entry_points {
             unsafe { reduce_copy::<$t, $op, 2>(grid(), [a, b], 2, dst0, dst1, count as usize, postdiv) }
         }
     };
+    (@one oneshot $name:ident $t:ty, $op:ty) => {
+        /// One-shot all-reduce of `count` elements over `nsrc` ranks (one block per rank; see
+        /// `crate::oneshot`): `dst[i] = finish(s0[i] ⊕ … ⊕ s{nsrc-1}[i])`, sources in rank order.
+        ///
+        /// # Safety
+        /// See `crate::oneshot::all_reduce`.
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            s0: *const $t, s1: *const $t, s2: *const $t, s3: *const $t,
+            s4: *const $t, s5: *const $t, s6: *const $t, s7: *const $t,
+            nsrc: u32, dst: *mut $t, tmp: *mut $t, count: u64, postdiv: u32,
+            my_flags: *mut u64,
+            f0: *mut u64, f1: *mut u64, f2: *mut u64, f3: *mut u64,
+            f4: *mut u64, f5: *mut u64, f6: *mut u64, f7: *mut u64,
+            rank: u32,
+        ) {
+            let srcs: [*const $t; MAX_SRCS] = [s0, s1, s2, s3, s4, s5, s6, s7];
+            let flags: [*mut u64; MAX_SRCS] = [f0, f1, f2, f3, f4, f5, f6, f7];
+            // SAFETY: forwarded from the kernel's contract.
+            unsafe {
+                crate::oneshot::all_reduce::<$t, $op>(srcs, nsrc as usize, dst, tmp,
+                    count as usize, postdiv, my_flags, flags, rank as usize)
+            }
+        }
+    };
 }
 
 entry_points! {
@@ -179,4 +205,54 @@ entry_points! {
     reduce_copy ringccl_reduce_copy_min_u64: u64, Min;
     reduce_copy ringccl_reduce_copy_max_u64: u64, Max;
     reduce_copy ringccl_reduce_copy_avg_u64: u64, Avg;
+    oneshot ringccl_oneshot_sum_f32: f32, Sum;
+    oneshot ringccl_oneshot_prod_f32: f32, Prod;
+    oneshot ringccl_oneshot_min_f32: f32, Min;
+    oneshot ringccl_oneshot_max_f32: f32, Max;
+    oneshot ringccl_oneshot_avg_f32: f32, Avg;
+    oneshot ringccl_oneshot_sum_f64: f64, Sum;
+    oneshot ringccl_oneshot_prod_f64: f64, Prod;
+    oneshot ringccl_oneshot_min_f64: f64, Min;
+    oneshot ringccl_oneshot_max_f64: f64, Max;
+    oneshot ringccl_oneshot_avg_f64: f64, Avg;
+    oneshot ringccl_oneshot_sum_f16: F16, Sum;
+    oneshot ringccl_oneshot_prod_f16: F16, Prod;
+    oneshot ringccl_oneshot_min_f16: F16, Min;
+    oneshot ringccl_oneshot_max_f16: F16, Max;
+    oneshot ringccl_oneshot_avg_f16: F16, Avg;
+    oneshot ringccl_oneshot_sum_bf16: Bf16, Sum;
+    oneshot ringccl_oneshot_prod_bf16: Bf16, Prod;
+    oneshot ringccl_oneshot_min_bf16: Bf16, Min;
+    oneshot ringccl_oneshot_max_bf16: Bf16, Max;
+    oneshot ringccl_oneshot_avg_bf16: Bf16, Avg;
+    oneshot ringccl_oneshot_sum_i8: i8, Sum;
+    oneshot ringccl_oneshot_prod_i8: i8, Prod;
+    oneshot ringccl_oneshot_min_i8: i8, Min;
+    oneshot ringccl_oneshot_max_i8: i8, Max;
+    oneshot ringccl_oneshot_avg_i8: i8, Avg;
+    oneshot ringccl_oneshot_sum_u8: u8, Sum;
+    oneshot ringccl_oneshot_prod_u8: u8, Prod;
+    oneshot ringccl_oneshot_min_u8: u8, Min;
+    oneshot ringccl_oneshot_max_u8: u8, Max;
+    oneshot ringccl_oneshot_avg_u8: u8, Avg;
+    oneshot ringccl_oneshot_sum_i32: i32, Sum;
+    oneshot ringccl_oneshot_prod_i32: i32, Prod;
+    oneshot ringccl_oneshot_min_i32: i32, Min;
+    oneshot ringccl_oneshot_max_i32: i32, Max;
+    oneshot ringccl_oneshot_avg_i32: i32, Avg;
+    oneshot ringccl_oneshot_sum_u32: u32, Sum;
+    oneshot ringccl_oneshot_prod_u32: u32, Prod;
+    oneshot ringccl_oneshot_min_u32: u32, Min;
+    oneshot ringccl_oneshot_max_u32: u32, Max;
+    oneshot ringccl_oneshot_avg_u32: u32, Avg;
+    oneshot ringccl_oneshot_sum_i64: i64, Sum;
+    oneshot ringccl_oneshot_prod_i64: i64, Prod;
+    oneshot ringccl_oneshot_min_i64: i64, Min;
+    oneshot ringccl_oneshot_max_i64: i64, Max;
+    oneshot ringccl_oneshot_avg_i64: i64, Avg;
+    oneshot ringccl_oneshot_sum_u64: u64, Sum;
+    oneshot ringccl_oneshot_prod_u64: u64, Prod;
+    oneshot ringccl_oneshot_min_u64: u64, Min;
+    oneshot ringccl_oneshot_max_u64: u64, Max;
+    oneshot ringccl_oneshot_avg_u64: u64, Avg;
 }

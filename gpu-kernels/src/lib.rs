@@ -5,6 +5,8 @@
 //!   the host so the CPU computes the exact bits a GPU step produces;
 //! * [`op`]: the reduction operators (sum, prod, min, max, avg);
 //! * [`prim`]: NCCL's primitives (copy, reduce, reduce-copy) as one generic function;
+//! * [`oneshot`]: the one-shot all-reduce for small messages (one block per rank, a device-side
+//!   barrier over flags instead of host events);
 //! * `kernels` (nvptx64 only): the `extern "ptx-kernel"` entry points, one per primitive ×
 //!   type (× operator), instantiated by macros. [`ENTRY_POINTS`] lists their names and
 //!   signatures; `cargo xtask build-ptx` compiles them and the host crate embeds the PTX.
@@ -30,6 +32,7 @@
 pub mod element;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod entry;
+pub mod oneshot;
 pub mod op;
 pub mod prim;
 

@@ -26,6 +26,7 @@ fn parse_line(line: &str) -> EntryPoint {
         Some("copy") => EntryKind::Copy,
         Some("reduce") => EntryKind::Reduce,
         Some("reduce_copy") => EntryKind::ReduceCopy,
+        Some("oneshot") => EntryKind::OneShot,
         other => panic!("unknown kind {other:?} in {line:?}"),
     };
     let name: &'static str = head.next().expect("a name").to_string().leak();
@@ -79,8 +80,8 @@ fn kernel_source_entries() -> Vec<EntryPoint> {
 #[test]
 fn table_matches_kernel_source() {
     let src = kernel_source_entries();
-    assert_eq!(src.len(), 110, "kernels.rs entry count");
-    assert_eq!(ENTRY_POINTS.len(), 110, "ENTRY_POINTS count");
+    assert_eq!(src.len(), 160, "kernels.rs entry count");
+    assert_eq!(ENTRY_POINTS.len(), 160, "ENTRY_POINTS count");
     for e in &src {
         let n = ENTRY_POINTS.iter().filter(|t| t.name == e.name).count();
         assert_eq!(n, 1, "{} appears {n} times in ENTRY_POINTS", e.name);
@@ -104,6 +105,9 @@ fn names_are_unique_and_systematic() {
             (EntryKind::ReduceCopy, Some(op)) => {
                 format!("ringccl_reduce_copy_{}_{}", op.name(), e.dtype)
             }
+            (EntryKind::OneShot, Some(op)) => {
+                format!("ringccl_oneshot_{}_{}", op.name(), e.dtype)
+            }
             _ => panic!("{e:?}: copies have no operator, reductions have one"),
         };
         assert_eq!(e.name, want);
@@ -124,19 +128,44 @@ fn find_entry_for_every_kind_type_and_op() {
         assert_eq!((e.kind, e.dtype, e.op), (EntryKind::Copy, dtype, None));
         for op in RedOp::ALL {
             assert!(find_entry(EntryKind::Copy, dtype, Some(op)).is_none());
-            for kind in [EntryKind::Reduce, EntryKind::ReduceCopy] {
+            for kind in [EntryKind::Reduce, EntryKind::ReduceCopy, EntryKind::OneShot] {
                 let e = find_entry(kind, dtype, Some(op))
                     .unwrap_or_else(|| panic!("{kind:?} {dtype} {op:?}"));
                 assert_eq!((e.kind, e.dtype, e.op), (kind, dtype, Some(op)));
                 assert_eq!(ENTRY_POINTS.iter().filter(|t| *t == e).count(), 1);
             }
         }
-        for kind in [EntryKind::Reduce, EntryKind::ReduceCopy] {
+        for kind in [EntryKind::Reduce, EntryKind::ReduceCopy, EntryKind::OneShot] {
             assert!(find_entry(kind, dtype, None).is_none());
         }
     }
     assert!(find_entry(EntryKind::Copy, "f8", None).is_none());
     assert!(find_entry(EntryKind::Reduce, "F16", Some(RedOp::Sum)).is_none());
-    // 10 copies + 10 types x 5 ops x 2 kinds.
-    assert_eq!(10 + 10 * 5 * 2, ENTRY_POINTS.len());
+    // 10 copies + 10 types x 5 ops x 3 kinds.
+    assert_eq!(10 + 10 * 5 * 3, ENTRY_POINTS.len());
+}
+
+#[test]
+fn oneshot_entries_come_last_one_per_type_and_op() {
+    let oneshot: Vec<&EntryPoint> = ENTRY_POINTS
+        .iter()
+        .filter(|e| e.kind == EntryKind::OneShot)
+        .collect();
+    assert_eq!(oneshot.len(), 50);
+    // They are the table's last 50 rows (appended after the ring primitives).
+    assert!(ENTRY_POINTS[ENTRY_POINTS.len() - 50..]
+        .iter()
+        .all(|e| e.kind == EntryKind::OneShot));
+    for dtype in DTYPES {
+        for op in RedOp::ALL {
+            assert_eq!(
+                oneshot
+                    .iter()
+                    .filter(|e| e.dtype == dtype && e.op == Some(op))
+                    .count(),
+                1,
+                "{dtype} {op:?}"
+            );
+        }
+    }
 }

@@ -910,8 +910,14 @@ impl Communicator {
             return Ok(());
         }
         let n = devices.len();
-        let ring: Vec<usize> = (0..n).collect();
         let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
+        if let Collective::AllReduce { count } = c {
+            let algo = crate::tuning::all_reduce_algo(max_bytes, n, self.all_peer_access());
+            if algo == crate::tuning::AllReduceAlgo::OneShot {
+                return self.all_reduce_oneshot(io, count, op, streams, &plan);
+            }
+        }
+        let ring: Vec<usize> = (0..n).collect();
         let chunk = chunk_elems(max_bytes, n, T::DTYPE);
         let key = ScheduleKey {
             collective: c.name(),
@@ -939,6 +945,38 @@ impl Communicator {
             .map(|((io, s), p)| io.track(s, p.reads_send, p.writes_recv))
             .collect();
         let result = exec::execute_prepared(self, &prepared, T::DTYPE, op, &ptrs, &plain);
+        drop(guards);
+        result
+    }
+
+    /// The one-shot all-reduce of a validated call (`count > 0`).
+    fn all_reduce_oneshot<T: DeviceElement>(
+        &self,
+        io: &mut [Io<'_, T>],
+        count: usize,
+        op: RedOp,
+        streams: &[&Arc<CudaStream>],
+        plan: &Plan,
+    ) -> Result<()> {
+        let plain: Vec<&CudaStream> = streams.iter().map(|s| s.as_ref()).collect();
+        let ptrs: Vec<RankPtrs> = plan
+            .ptrs
+            .iter()
+            .map(|p| RankPtrs {
+                send: p.send,
+                recv: p.recv,
+            })
+            .collect();
+        let in_place = plan.layout != Layout::OutOfPlace;
+        // cudarc's event tracking, as in `collective`: each rank's kernel ends only after every
+        // peer is done reading its input, so the record on its own stream covers the call.
+        let guards: Vec<[SyncOnDrop<'_>; 2]> = io
+            .iter_mut()
+            .zip(&plain)
+            .zip(&plan.ptrs)
+            .map(|((io, s), p)| io.track(s, p.reads_send, p.writes_recv))
+            .collect();
+        let result = exec::execute_oneshot(self, T::DTYPE, op, &ptrs, in_place, count, &plain);
         drop(guards);
         result
     }

@@ -7,7 +7,10 @@
 //! * a scratch buffer for partial results and staging, grown on demand;
 //! * a pool of events (`CU_EVENT_DISABLE_TIMING`) for ordering steps across GPUs, and the event
 //!   that marks the end of the communicator's previous call on that rank;
-//! * its row of the peer-access matrix (which other ranks' memory it reads directly).
+//! * its row of the peer-access matrix (which other ranks' memory it reads directly);
+//! * a small flag array in its own memory (plain `cuMemAlloc`, zeroed once) for the one-shot
+//!   all-reduce's device-side barrier (`gpu_kernels::oneshot`), read and written by every
+//!   rank's one-shot kernels over peer access.
 //!
 //! Collectives take `&self`; the mutable parts sit behind one mutex, held for the whole of a
 //! call's issue, so calls from several threads are issued one after the other and each call
@@ -29,7 +32,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 
 use crate::driver::{self, Kernels};
 use crate::exec::Prepared;
@@ -54,6 +57,51 @@ struct Rank {
     stream: Arc<CudaStream>,
     kernels: Kernels,
     name: String,
+    flags: OneShotFlags,
+}
+
+/// One rank's flag array for the one-shot all-reduce: `gpu_kernels::oneshot::FLAG_WORDS` `u64`
+/// from plain `cuMemAlloc` (peer access enabled with `cuCtxEnablePeerAccess` covers it), zeroed
+/// at creation, freed on drop.
+#[derive(Debug)]
+struct OneShotFlags {
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+}
+
+impl OneShotFlags {
+    const BYTES: usize = gpu_kernels::oneshot::FLAG_WORDS * 8;
+
+    /// Allocates and zeroes the array (the zeroing is finished when this returns).
+    fn new(ctx: &Arc<CudaContext>, stream: &CudaStream, rank: usize) -> Result<Self> {
+        let r = Some(rank);
+        ctx.bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", r, e))?;
+        // SAFETY: `ctx` is current; the memory is zeroed below before any kernel reads it.
+        let ptr = unsafe { result::malloc_sync(Self::BYTES) }
+            .map_err(|e| Error::cuda("cuMemAlloc", r, e))?;
+        let flags = OneShotFlags {
+            ctx: ctx.clone(),
+            ptr,
+        };
+        // SAFETY: `ptr` is `BYTES` bytes of live device memory of this context; `stream` is a
+        // stream of this context, synchronised right after.
+        unsafe { result::memset_d8_async(ptr, 0, Self::BYTES, stream.cu_stream()) }
+            .map_err(|e| Error::cuda("cuMemsetD8Async", r, e))?;
+        stream
+            .synchronize()
+            .map_err(|e| Error::cuda("cuStreamSynchronize", r, e))?;
+        Ok(flags)
+    }
+}
+
+impl Drop for OneShotFlags {
+    fn drop(&mut self) {
+        // The communicator's `drop` has waited for every call's end on this rank first.
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once, here.
+        self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
+    }
 }
 
 /// What changes from call to call on one rank.
@@ -181,6 +229,7 @@ impl Communicator {
                 .name()
                 .map_err(|e| Error::cuda("cuDeviceGetName", r, e))?;
             let end = new_event(&ctx, r)?;
+            let flags = OneShotFlags::new(&ctx, &stream, rank)?;
             state.push(RankState {
                 scratch: None,
                 scratch_ptr: 0,
@@ -195,6 +244,7 @@ impl Communicator {
                 stream,
                 kernels,
                 name,
+                flags,
             });
         }
         let n = ranks.len();
@@ -344,6 +394,16 @@ impl Communicator {
                 .map_err(|e| Error::cuda("cuStreamSynchronize", Some(r), e))?;
         }
         Ok(())
+    }
+
+    /// Whether every rank accesses every other rank's memory directly.
+    pub(crate) fn all_peer_access(&self) -> bool {
+        self.peer.iter().all(|&p| p)
+    }
+
+    /// The device address of `rank`'s one-shot flag array (`None` if out of range).
+    pub(crate) fn oneshot_flags(&self, rank: usize) -> Option<u64> {
+        self.ranks.get(rank).map(|r| r.flags.ptr)
     }
 
     /// The kernels loaded on `rank` (`None` if out of range).

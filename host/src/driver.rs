@@ -7,8 +7,9 @@
 //! * [`device_count`], [`can_access_peer`], [`enable_peer_access`]: devices and NVLink/PCIe peer
 //!   access (only in `cudarc::driver::sys`);
 //! * [`ptx`], [`ptx_arch_for`]: the kernels' PTX, embedded (deflated) at compile time;
-//! * [`Kernels`]: the module loaded into one context, its 110 functions, and typed launchers
-//!   for the three primitives (copy, reduce, reduce-copy) that pick the grid ([`LaunchPlan`]).
+//! * [`Kernels`]: the module loaded into one context, its 160 functions, and typed launchers
+//!   for the three primitives (copy, reduce, reduce-copy) that pick the grid ([`LaunchPlan`]),
+//!   and for the one-shot all-reduce (one block per rank).
 //!
 //! ```no_run
 //! use ringccl::driver::{device_count, ensure_driver};
@@ -522,6 +523,102 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// The launch shape of a one-shot all-reduce: one block of [`DEFAULT_THREADS`] threads,
+    /// clamped to the function's limit in whole warps (its device barrier needs exactly one
+    /// block per rank).
+    pub fn oneshot_plan(&self, index: usize) -> LaunchPlan {
+        let mut threads = DEFAULT_THREADS.min(self.max_threads(index).max(1));
+        if threads >= 32 {
+            threads -= threads % 32;
+        }
+        LaunchPlan { blocks: 1, threads }
+    }
+
+    /// Enqueues rank `rank`'s kernel of a one-shot all-reduce (see `gpu_kernels::oneshot`):
+    /// `dst = op(srcs[0], …, srcs[n-1])` with `n = srcs.len()` ranks, folded in rank order,
+    /// synchronised with the other ranks' kernels through the flag arrays `flags` (every rank's,
+    /// in rank order; `flags[rank]` is this rank's). `tmp` is `Some` for an in-place call
+    /// (`dst == srcs[rank]`): the result is staged there until every peer is done reading.
+    /// `postdiv` as for [`Kernels::reduce`].
+    ///
+    /// Every rank's kernel of the call must be enqueued, with the same `srcs`, `count`, `op`
+    /// and `dtype`, or the others spin until they trap (after
+    /// `gpu_kernels::oneshot::TIMEOUT_NS`).
+    ///
+    /// # Safety
+    /// As for [`Kernels::reduce`], for every source, `dst` and `tmp` (`count` elements each);
+    /// every flag array is `gpu_kernels::oneshot::FLAG_WORDS` `u64` of a live allocation
+    /// accessible from this context, used by no one but this communicator's one-shot kernels.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn oneshot(
+        &self,
+        stream: &CudaStream,
+        dtype: DataType,
+        op: RedOp,
+        srcs: &[u64],
+        dst: u64,
+        tmp: Option<u64>,
+        count: usize,
+        postdiv: u32,
+        flags: &[u64],
+        rank: usize,
+    ) -> Result<()> {
+        let n = srcs.len();
+        if !(2..=8).contains(&n) || flags.len() != n || rank >= n {
+            return Err(Error::Kernel {
+                reason: format!(
+                    "one-shot all-reduce takes 2 to 8 ranks ({n} sources, {} flag arrays, rank {rank})",
+                    flags.len()
+                ),
+            });
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let (i, f) = self.function(EntryKind::OneShot, dtype, Some(op))?;
+        let plan = self.oneshot_plan(i);
+        if (plan.threads as usize) < n {
+            return Err(Error::Kernel {
+                reason: format!(
+                    "one-shot kernel allows only {} threads per block",
+                    plan.threads
+                ),
+            });
+        }
+        let mut s = [0u64; 8];
+        s[..n].copy_from_slice(srcs);
+        let mut fl = [0u64; 8];
+        fl[..n].copy_from_slice(flags);
+        let (nsrc, tmp, cnt, my_flags, rank32) = (
+            n as u32,
+            tmp.unwrap_or(0),
+            count as u64,
+            flags[rank],
+            rank as u32,
+        );
+        let mut b = stream.launch_builder(f);
+        for p in &s {
+            b.arg(p);
+        }
+        b.arg(&nsrc)
+            .arg(&dst)
+            .arg(&tmp)
+            .arg(&cnt)
+            .arg(&postdiv)
+            .arg(&my_flags);
+        for p in &fl {
+            b.arg(p);
+        }
+        b.arg(&rank32);
+        // SAFETY: the argument list matches `ringccl_oneshot_*(u64 × 8, u32, u64 × 3, u32,
+        // u64 × 9, u32)`; the caller guarantees the pointers.
+        unsafe { b.launch(plan.config()) }
+            .map_err(|e| Error::cuda("cuLaunchKernel", self.rank, e))?;
+        Ok(())
+    }
+}
+
 /// Copies `bytes` bytes from `src` (memory of `src_ctx`'s device) to `dst` (memory of
 /// `dst_ctx`'s device) on `stream`, without peer access (`cuMemcpyPeerAsync`).
 ///
@@ -653,6 +750,12 @@ mod tests {
                 assert_eq!(
                     ENTRY_POINTS[i].name,
                     format!("ringccl_reduce_copy_{}_{}", op.name(), dt.name())
+                );
+                seen[i] = true;
+                let i = entry_index(EntryKind::OneShot, dt, Some(op)).unwrap();
+                assert_eq!(
+                    ENTRY_POINTS[i].name,
+                    format!("ringccl_oneshot_{}_{}", op.name(), dt.name())
                 );
                 seen[i] = true;
             }

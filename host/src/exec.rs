@@ -17,6 +17,9 @@
 //! the graph's own order keeps scratch safe between its calls, and scratch cannot grow
 //! during a capture (run the call once eagerly first).
 //!
+//! Small all-reduces skip all of this: [`execute_oneshot`] enqueues one kernel per rank, which
+//! meet at a device-side barrier (`gpu_kernels::oneshot`).
+//!
 //! Nothing here blocks the host. Between two ranks without peer access (or with
 //! `RINGCCL_P2P_DISABLE=1`) a step does not touch the peer's memory directly: sources are
 //! first copied with `cuMemcpyPeerAsync` into a staging area in the exec rank's scratch, and
@@ -391,6 +394,116 @@ fn issue(
         }
     }
     Ok(())
+}
+
+/// Enqueues a one-shot all-reduce of `count` elements (see `gpu_kernels::oneshot`): on each
+/// rank's stream, a wait for the communicator's previous call on that rank, ONE kernel (one
+/// block that reads every rank's input directly and meets the other ranks' kernels at a
+/// device-side barrier), and the record of the end-of-call event. No event crosses GPUs.
+///
+/// `ptrs[r].send` is rank `r`'s input and `ptrs[r].recv` its output; `in_place` when they are
+/// equal on every rank: each rank's result is then staged in its scratch (`count` elements)
+/// until every peer is done reading its input. The caller checks that one-shot is possible
+/// (2 to 8 ranks, peer access between every pair: [`crate::tuning::all_reduce_algo`]).
+///
+/// While capturing into a CUDA graph, the previous call's end is neither waited on nor
+/// recorded (as for [`execute`]); the kernels keep their epoch on the device, so replays of
+/// the graph stay in step.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn execute_oneshot(
+    comm: &Communicator,
+    dtype: DataType,
+    op: RedOp,
+    ptrs: &[RankPtrs],
+    in_place: bool,
+    count: usize,
+    streams: &[&CudaStream],
+) -> Result<()> {
+    let n = comm.nranks();
+    if ptrs.len() != n || streams.len() != n || !(2..=8).contains(&n) {
+        return Err(malformed(format!(
+            "one-shot all-reduce of {n} ranks with {} buffers and {} streams",
+            ptrs.len(),
+            streams.len()
+        )));
+    }
+    if count == 0 {
+        return Ok(());
+    }
+    let bytes = count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| malformed(format!("{count} elements overflow")))?;
+    let mut flags = [0u64; 8];
+    for (r, f) in flags.iter_mut().take(n).enumerate() {
+        *f = comm
+            .oneshot_flags(r)
+            .ok_or_else(|| malformed(format!("no flags for rank {r}")))?;
+    }
+    let srcs: Vec<u64> = ptrs.iter().map(|p| p.send).collect();
+    let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
+
+    let capturing = capturing(streams)?;
+    let mut g = comm.begin_call();
+    let mut tmp = vec![None; n];
+    if in_place {
+        for (r, t) in tmp.iter_mut().enumerate() {
+            if capturing && g.scratch_bytes(r) < bytes {
+                return Err(Error::invalid(
+                    Some(r),
+                    Arg::Stream,
+                    "the stream is being captured into a CUDA graph and this call needs more \
+                     scratch memory than the communicator has: run the same call once before \
+                     capturing",
+                ));
+            }
+            *t = Some(g.scratch_ptr(r, bytes)?);
+        }
+    }
+
+    let issue = || -> Result<()> {
+        for (r, stream) in streams.iter().enumerate() {
+            let kernels = comm
+                .kernels(r)
+                .ok_or_else(|| malformed(format!("no rank {r}")))?;
+            if !capturing {
+                wait(stream, end_event(&g, r)?, r)?;
+            }
+            // SAFETY: the collective validated every rank's `count`-element buffers (inputs
+            // and outputs on their own devices, outputs not partially overlapping inputs);
+            // `tmp` is `count` elements of rank `r`'s scratch, sized above; the flag arrays
+            // are the communicator's, alive until its drop waits for this call's end; the
+            // caller checked peer access between every pair of ranks.
+            unsafe {
+                kernels.oneshot(
+                    stream,
+                    dtype,
+                    op,
+                    &srcs,
+                    ptrs[r].recv,
+                    tmp[r],
+                    count,
+                    postdiv,
+                    &flags[..n],
+                    r,
+                )?
+            };
+            if !capturing {
+                record(end_event(&g, r)?, stream, r)?;
+            }
+        }
+        Ok(())
+    };
+    let issued = issue();
+    if issued.is_err() && !capturing {
+        // Best effort, as in `execute_planned`. A rank whose kernel went out without its peers'
+        // traps after `gpu_kernels::oneshot::TIMEOUT_NS` instead of hanging.
+        for (r, stream) in streams.iter().enumerate() {
+            if let Some(end) = g.end_event(r) {
+                let _ = end.record(stream);
+            }
+        }
+    }
+    issued
 }
 
 /// Whether any of the streams is being captured into a CUDA graph (then all must be, in the

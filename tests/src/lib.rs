@@ -191,6 +191,15 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
                 && !args[11].is_u64()
         }
         EntryKind::ReduceCopy => args.len() == 6 && u64s(&args[..5]) && !args[5].is_u64(),
+        EntryKind::OneShot => {
+            args.len() == 23
+                && u64s(&args[..8])
+                && !args[8].is_u64()
+                && u64s(&args[9..12])
+                && !args[12].is_u64()
+                && u64s(&args[13..22])
+                && !args[22].is_u64()
+        }
     }
 }
 

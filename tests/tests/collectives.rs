@@ -1445,6 +1445,98 @@ fn send_recv_for<T: Elem>(env: &Env, tally: &mut Tally) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// One-shot all-reduce, back to back
+// ---------------------------------------------------------------------------------------------
+
+/// 1000 small all-reduces (one-shot under the default threshold: 4097 × 8 B = 32 KiB) enqueued
+/// back to back with no host synchronisation, alternating in place (on `x`, which every call
+/// turns into the sum over ranks) and out of place (distinct fixed inputs into `y`), then one
+/// check: `x` equals the host's replay of the same sequence (wrapping u64 sums, exact), `y` the
+/// sum of the fixed inputs, the fixed inputs unchanged, all ranks identical. A race between a
+/// rank's in-place write and a peer's read, or a lost barrier epoch, changes `x`; a deadlock
+/// hangs (the kernels trap after 60 s). Prints the mean time per call.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn oneshot_all_reduce_back_to_back() {
+    const CALLS: usize = 1000;
+    const COUNT: usize = 4097;
+    let env = Env::new();
+    let n = env.n;
+    let streams = env.streams();
+    let x0: Vec<Vec<u64>> = (0..n)
+        .map(|r| gen::<u64>(&format!("oneshot x {r}"), COUNT, Class::Bits))
+        .collect();
+    let fixed: Vec<Vec<u64>> = (0..n)
+        .map(|r| gen::<u64>(&format!("oneshot fixed {r}"), COUNT, Class::Bits))
+        .collect();
+    let upload = |host: &[Vec<u64>]| -> Vec<CudaSlice<u64>> {
+        (0..n)
+            .map(|r| {
+                env.stream(r)
+                    .clone_htod(&host[r])
+                    .unwrap_or_else(|e| panic!("upload to rank {r}: {e:?}"))
+            })
+            .collect()
+    };
+    let mut x = upload(&x0);
+    let inputs = upload(&fixed);
+    let mut y = upload(&vec![vec![0xa5a5_a5a5_a5a5_a5a5u64; COUNT]; n]);
+    env.sync();
+
+    let sum = |bufs: &[Vec<u64>]| -> Vec<u64> {
+        (0..COUNT)
+            .map(|i| bufs.iter().fold(0u64, |a, b| a.wrapping_add(b[i])))
+            .collect()
+    };
+    let mut want_x = x0.clone();
+    let start = Instant::now();
+    for call in 0..CALLS {
+        if call % 2 == 0 {
+            let mut io: Vec<Io<u64>> = x.iter_mut().map(Io::in_place).collect();
+            env.comm
+                .all_reduce(&mut io, COUNT, RedOp::Sum, &streams)
+                .unwrap_or_else(|e| panic!("call {call} (in place): {e}"));
+            let s = sum(&want_x);
+            want_x = vec![s; n];
+        } else {
+            let mut io: Vec<Io<u64>> = inputs
+                .iter()
+                .zip(y.iter_mut())
+                .map(|(i, o)| Io::out_of_place(i, o))
+                .collect();
+            env.comm
+                .all_reduce(&mut io, COUNT, RedOp::Sum, &streams)
+                .unwrap_or_else(|e| panic!("call {call} (out of place): {e}"));
+        }
+    }
+    env.sync();
+    let elapsed = start.elapsed();
+    println!(
+        "{CALLS} back-to-back all-reduces of {COUNT} u64 on {n} GPUs: {:.2} us per call \
+         (enqueue + run, host clock)",
+        elapsed.as_secs_f64() * 1e6 / CALLS as f64
+    );
+    let want_y = sum(&fixed);
+    let download = |b: &CudaSlice<u64>, r: usize| -> Vec<u64> {
+        env.stream(r)
+            .clone_dtoh(b)
+            .unwrap_or_else(|e| panic!("download from rank {r}: {e:?}"))
+    };
+    for r in 0..n {
+        let got_x = download(&x[r], r);
+        let bad = (0..COUNT).filter(|&i| got_x[i] != want_x[r][i]).count();
+        assert_eq!(bad, 0, "rank {r}: {bad} of {COUNT} in-place results wrong");
+        let got_y = download(&y[r], r);
+        let bad = (0..COUNT).filter(|&i| got_y[i] != want_y[i]).count();
+        assert_eq!(
+            bad, 0,
+            "rank {r}: {bad} of {COUNT} out-of-place results wrong"
+        );
+        assert_eq!(download(&inputs[r], r), fixed[r], "rank {r}: input changed");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // NCCL comparison
 // ---------------------------------------------------------------------------------------------
 

@@ -266,6 +266,11 @@ impl Bench {
             EntryKind::Copy => (&[1], &[false, true]),
             EntryKind::Reduce => (&[2, 3, 8], &[false]),
             EntryKind::ReduceCopy => (&[2], &[false, true]),
+            EntryKind::OneShot => {
+                return Err(ringccl_tests::Error::msg(
+                    "one-shot kernels need every rank: tests/tests/collectives.rs runs them",
+                ))
+            }
         };
         let used = nsrcs.iter().copied().max().unwrap_or(1);
         // The same logical sources at every alignment's offsets.
@@ -355,6 +360,11 @@ impl Bench {
                 .ok_or_else(|| ringccl_tests::Error::msg("bad source count"))?,
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(src_ptrs[0], src_ptrs[1], dst0, dst1, n as u64, case.postdiv)
+            }
+            EntryKind::OneShot => {
+                return Err(ringccl_tests::Error::msg(
+                    "one-shot kernels are not run here",
+                ))
             }
         };
         // SAFETY: every source range and destination range (count `n` from its offset) lies

@@ -182,6 +182,7 @@ pub fn register_table(
             EntryKind::Copy => "copy",
             EntryKind::Reduce => "reduce",
             EntryKind::ReduceCopy => "reduce_copy",
+            EntryKind::OneShot => "oneshot",
         };
         let row = match e.op {
             Some(op) => format!("{kind} {}", op.name()),
