@@ -217,9 +217,12 @@ pub const BYTES_PER_THREAD_ITERATION: u64 = 16 * 4;
 pub enum Traffic {
     /// All pointers are on the launching GPU: up to 2 blocks per SM (HBM saturates there).
     Local,
-    /// Some pointer is on another GPU (read or written over NVLink/PCIe): at most
-    /// [`crate::tuning::peer_blocks`] blocks.
+    /// Some pointer is on another GPU (read or written over NVLink/PCIe), in one direction:
+    /// at most [`crate::tuning::peer_blocks`] blocks.
     Peer,
+    /// The step both reads and writes another GPU's memory (both directions of the link): at
+    /// most [`crate::tuning::peer_duplex_blocks`] blocks.
+    PeerDuplex,
 }
 
 /// A 1-D launch shape: `blocks` × `threads`.
@@ -271,6 +274,7 @@ impl LaunchPlan {
         match traffic {
             Traffic::Local => local,
             Traffic::Peer => crate::tuning::peer_blocks().min(local),
+            Traffic::PeerDuplex => crate::tuning::peer_duplex_blocks().min(local),
         }
     }
 

@@ -548,7 +548,7 @@ fn issue_step(
     };
     let peer = |a: usize, b: usize| comm.peer_access(a, b);
     let mut cursor = scratch[e] + stage_off as u64;
-    let mut traffic = Traffic::Local;
+    let (mut reads_peer, mut writes_peer) = (false, false);
 
     let mut srcs = [0u64; 8];
     for (slot, r) in srcs.iter_mut().zip(&step.srcs) {
@@ -571,9 +571,7 @@ fn issue_step(
             };
             stage
         } else {
-            if r.rank != e {
-                traffic = Traffic::Peer;
-            }
+            reads_peer |= r.rank != e;
             a
         };
     }
@@ -587,12 +585,15 @@ fn issue_step(
             *out = Some((stage, r.rank, a));
             stage
         } else {
-            if r.rank != e {
-                traffic = Traffic::Peer;
-            }
+            writes_peer |= r.rank != e;
             a
         };
     }
+    let traffic = match (reads_peer, writes_peer) {
+        (true, true) => Traffic::PeerDuplex,
+        (false, false) => Traffic::Local,
+        _ => Traffic::Peer,
+    };
 
     let nsrc = step.srcs.len();
     let dst1 = (step.dsts.len() == 2).then_some(dsts[1]);

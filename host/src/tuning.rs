@@ -4,7 +4,8 @@
 //! | variable | default | meaning |
 //! | --- | --- | --- |
 //! | `RINGCCL_CHUNK_BYTES` | see [`chunk_bytes`] | most bytes one schedule step moves |
-//! | `RINGCCL_PEER_BLOCKS` | [`DEFAULT_PEER_BLOCKS`] | most blocks of a step that touches a peer's memory |
+//! | `RINGCCL_PEER_BLOCKS` | [`DEFAULT_PEER_BLOCKS`] | most blocks of a step that reads or writes a peer's memory |
+//! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`DEFAULT_PEER_DUPLEX_BLOCKS`] | most blocks of a step that reads and writes a peer's memory |
 //! | `RINGCCL_ALGO` | unset | `ring` or `oneshot`: force the all-reduce algorithm (see [`all_reduce_algo`]) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`DEFAULT_ONESHOT_MAX_BYTES`] | largest all-reduce (bytes per rank) that runs one-shot |
 //!
@@ -15,6 +16,13 @@ use std::sync::OnceLock;
 /// Block cap for steps that touch another GPU's memory: NVLink peer reads peaked at 64 blocks of
 /// 512 threads on H200 and fell with more (`shared/toolchain.md`, measured 2026-11-29).
 pub const DEFAULT_PEER_BLOCKS: u32 = 64;
+
+/// Block cap for steps that both read and write a peer's memory (the 2-rank all-reduce's
+/// reduce-copy: peer input in, result out to the peer). Measured on 2 × H200, 2026-11-29,
+/// `ringccl-perf -t all_reduce -d float -b 64M -e 1G -f 4 -n 10 -w 3 --lib ringccl` with
+/// `RINGCCL_PEER_BLOCKS` = 32 / 64 / 132 (all peer steps then): busbw at 1 GiB 314 / 330 / 340
+/// GB/s, at 256 MiB 306 / 323 / 333 GB/s. Rounded to the SM count of that GPU.
+pub const DEFAULT_PEER_DUPLEX_BLOCKS: u32 = 132;
 
 /// Smallest step worth a launch of its own for pipelined rings (3+ ranks).
 pub const MIN_CHUNK_BYTES: usize = 512 * 1024;
@@ -41,6 +49,21 @@ pub fn peer_blocks() -> u32 {
         env_usize("RINGCCL_PEER_BLOCKS")
             .and_then(|v| u32::try_from(v).ok())
             .unwrap_or(DEFAULT_PEER_BLOCKS)
+    })
+}
+
+/// The block cap for steps that read and write a peer ([`DEFAULT_PEER_DUPLEX_BLOCKS`] or
+/// `RINGCCL_PEER_DUPLEX_BLOCKS`).
+///
+/// ```
+/// assert!(ringccl::tuning::peer_duplex_blocks() >= 1);
+/// ```
+pub fn peer_duplex_blocks() -> u32 {
+    static V: OnceLock<u32> = OnceLock::new();
+    *V.get_or_init(|| {
+        env_usize("RINGCCL_PEER_DUPLEX_BLOCKS")
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(DEFAULT_PEER_DUPLEX_BLOCKS)
     })
 }
 
