@@ -917,7 +917,7 @@ impl Communicator {
                 return self.all_reduce_oneshot(io, count, op, streams, &plan);
             }
         }
-        let ring: Vec<usize> = (0..n).collect();
+        let ring = self.ring();
         let chunk = chunk_elems(max_bytes, n, T::DTYPE);
         let key = ScheduleKey {
             collective: c.name(),
@@ -926,7 +926,7 @@ impl Communicator {
             root: c.root(),
             chunk,
         };
-        let prepared = self.prepared(key, || c.schedule(&ring, plan.layout, chunk))?;
+        let prepared = self.prepared(key, || c.schedule(ring, plan.layout, chunk))?;
         let plain: Vec<&CudaStream> = streams.iter().map(|s| s.as_ref()).collect();
         let ptrs: Vec<RankPtrs> = plan
             .ptrs
@@ -1236,7 +1236,7 @@ impl Communicator {
             return Ok(());
         }
         let n = devices.len();
-        let ring: Vec<usize> = (0..n).collect();
+        let ring = self.ring();
         let plain: Vec<&CudaStream> = streams.iter().map(|s| s.as_ref()).collect();
         let mut used = vec![false; pairs.len()];
         for &i in rounds.iter().flatten() {
@@ -1270,7 +1270,7 @@ impl Communicator {
             }
             let max = p2p.iter().map(|p| p.count).max().unwrap_or(0);
             let chunk = chunk_elems(max.saturating_mul(size), 1, T::DTYPE);
-            let sched = schedule::send_recv(&ring, &p2p, Layout::OutOfPlace, chunk);
+            let sched = schedule::send_recv(ring, &p2p, Layout::OutOfPlace, chunk);
             result = exec::execute(self, &sched, T::DTYPE, RedOp::Sum, &ptrs, &plain);
             if result.is_err() {
                 break;

@@ -8,6 +8,9 @@
 //! * a pool of events (`CU_EVENT_DISABLE_TIMING`) for ordering steps across GPUs, and the event
 //!   that marks the end of the communicator's previous call on that rank;
 //! * its row of the peer-access matrix (which other ranks' memory it reads directly);
+//! * the ring order of the ring collectives ([`Communicator::ring`]), chosen once at creation
+//!   from the driver's peer-to-peer link scores ([`crate::topology::best_ring`]) or fixed by
+//!   `RINGCCL_RING`;
 //! * a small flag array in its own memory (plain `cuMemAlloc`, zeroed once) for the one-shot
 //!   all-reduce's device-side barrier (`gpu_kernels::oneshot`), read and written by every
 //!   rank's one-shot kernels over peer access.
@@ -37,6 +40,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream,
 use crate::driver::{self, Kernels};
 use crate::exec::Prepared;
 use crate::schedule::{Layout, Schedule};
+use crate::topology::{self, RING_ENV};
 use crate::{Error, Result};
 
 /// Environment variable that, set to `1`, turns off direct peer access between all ranks
@@ -145,6 +149,8 @@ pub struct Communicator {
     ranks: Vec<Rank>,
     /// `peer[a * n + b]`: rank `a`'s kernels access rank `b`'s memory directly.
     peer: Vec<bool>,
+    /// The ring order of the ring collectives: a permutation of `0..n`, fixed at creation.
+    ring: Vec<usize>,
     state: Mutex<Vec<RankState>>,
     cache: Mutex<HashMap<ScheduleKey, Arc<Prepared>>>,
 }
@@ -157,6 +163,7 @@ impl std::fmt::Debug for Communicator {
                 &self.ranks.iter().map(|r| r.ordinal).collect::<Vec<_>>(),
             )
             .field("peer", &self.peer)
+            .field("ring", &self.ring)
             .finish_non_exhaustive()
     }
 }
@@ -193,6 +200,43 @@ pub(crate) fn p2p_disabled(value: Option<&str>) -> bool {
     matches!(value.map(str::trim), Some("1") | Some("true") | Some("yes"))
 }
 
+/// The link scores the ring is chosen from: the driver's scores where the communicator uses
+/// peer access (`peer[a * n + b]`), 0 where it does not (disabled, unsupported, or refused), so
+/// with `RINGCCL_P2P_DISABLE=1` every link scores the same and the ring is the identity.
+pub(crate) fn ring_scores(driver_scores: &[Vec<u32>], peer: &[bool], n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| {
+                    let direct = a != b && peer.get(a * n + b).copied().unwrap_or(false);
+                    let score = driver_scores.get(a).and_then(|r| r.get(b)).copied();
+                    if direct {
+                        score.unwrap_or(0)
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The [`RING_ENV`] override for `n` ranks, read from the environment (see
+/// [`topology::parse_ring`]); a value that is not Unicode is rejected like a malformed one.
+fn ring_override(n: usize) -> Result<Option<Vec<usize>>> {
+    match std::env::var_os(RING_ENV) {
+        None => Ok(None),
+        Some(v) => match v.to_str() {
+            Some(v) => topology::parse_ring(Some(v), n),
+            None => Err(Error::invalid(
+                None,
+                crate::Arg::Ranks,
+                format!("{RING_ENV} is not valid Unicode; set it to a comma-separated permutation of 0..{n} or unset it"),
+            )),
+        },
+    }
+}
+
 fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to).saturating_mul(to)
 }
@@ -201,11 +245,17 @@ impl Communicator {
     /// A communicator over the given device ordinals; rank `i` is device `ordinals[i]`.
     ///
     /// Enables peer access between every pair of devices that supports it (unless
-    /// `RINGCCL_P2P_DISABLE=1`) and loads the kernels on each device.
+    /// `RINGCCL_P2P_DISABLE=1`), loads the kernels on each device, and chooses the ring order
+    /// ([`Communicator::ring`]): `RINGCCL_RING` if it is set (e.g. `RINGCCL_RING=0,2,1,3`, a
+    /// comma-separated permutation of the ranks `0..n`, where rank `i` is `ordinals[i]`),
+    /// otherwise [`crate::topology::best_ring`] over the driver's link scores
+    /// ([`crate::driver::p2p_link_scores`]) of the pairs that use peer access.
     ///
     /// Errors: [`Error::NoDriver`] without the CUDA driver, [`Error::TooFewDevices`] for an
     /// empty list, [`Error::BadDevice`] for an ordinal that is not visible or repeated,
-    /// [`Error::Kernel`] if the device cannot run the embedded PTX, [`Error::Cuda`] otherwise.
+    /// [`Error::InvalidArgument`] (naming `RINGCCL_RING`) if `RINGCCL_RING` is set but not a
+    /// permutation of `0..n` (checked before any device is touched), [`Error::Kernel`] if the
+    /// device cannot run the embedded PTX, [`Error::Cuda`] otherwise.
     ///
     /// ```no_run
     /// let comm = ringccl::Communicator::new(&[0, 1])?;
@@ -215,6 +265,7 @@ impl Communicator {
     pub fn new(ordinals: &[usize]) -> Result<Self> {
         driver::ensure_driver()?;
         validate_ordinals(ordinals, driver::device_count()?)?;
+        let fixed_ring = ring_override(ordinals.len())?;
         let mut ranks = Vec::with_capacity(ordinals.len());
         let mut state = Vec::with_capacity(ordinals.len());
         for (rank, &ordinal) in ordinals.iter().enumerate() {
@@ -264,9 +315,19 @@ impl Communicator {
                 peer[a * n + b] = driver::enable_peer_access(&ranks[a].ctx, &ranks[b].ctx).is_ok();
             }
         }
+        let ring = match fixed_ring {
+            Some(ring) => ring,
+            // Up to 3 ranks every ring is the same; without peer access every link scores 0.
+            None if n <= 3 || disabled => (0..n).collect(),
+            None => {
+                let scores = ring_scores(&driver::p2p_link_scores(ordinals)?, &peer, n);
+                topology::best_ring(&scores)
+            }
+        };
         Ok(Communicator {
             ranks,
             peer,
+            ring,
             state: Mutex::new(state),
             cache: Mutex::new(HashMap::new()),
         })
@@ -373,6 +434,25 @@ impl Communicator {
     pub fn peer_access(&self, rank: usize, peer: usize) -> bool {
         let n = self.nranks();
         rank < n && peer < n && self.peer[rank * n + peer]
+    }
+
+    /// The ring order of the ring collectives (all but send/recv and the one-shot all-reduce):
+    /// a permutation of the ranks `0..nranks()`; each step of a ring collective moves data
+    /// between neighbours of this order (`ring[i]` and `ring[i + 1]`, wrapping round, so
+    /// `ring[n - 1]` and `ring[0]` too). Fixed at creation: from
+    /// `RINGCCL_RING` if set, otherwise the ring whose weakest link (then whose sum of links)
+    /// is best by the driver's peer-to-peer performance ranks; the identity `0, 1, …` for 3
+    /// ranks or fewer, with `RINGCCL_P2P_DISABLE=1`, or when all links are alike.
+    ///
+    /// ```no_run
+    /// let comm = ringccl::Communicator::all()?;
+    /// let ring = comm.ring();
+    /// assert_eq!(ring.len(), comm.nranks());
+    /// println!("ring order: {ring:?}");
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn ring(&self) -> &[usize] {
+        &self.ring
     }
 
     /// Blocks until every call issued so far through this communicator is complete, on the
@@ -597,6 +677,39 @@ mod tests {
         assert!(!p2p_disabled(Some("0")));
         assert!(!p2p_disabled(Some("")));
         assert!(!p2p_disabled(None));
+    }
+
+    #[test]
+    fn ring_scores_keep_only_links_with_peer_access() {
+        let driver = vec![vec![0, 16, 9], vec![16, 0, 1], vec![9, 5, 0]];
+        // Rank 2 could not enable access to rank 1; the diagonal never counts.
+        let mut peer = vec![true; 9];
+        peer[2 * 3 + 1] = false;
+        let s = ring_scores(&driver, &peer, 3);
+        assert_eq!(s, vec![vec![0, 16, 9], vec![16, 0, 1], vec![9, 0, 0]]);
+        // Peer access disabled everywhere: all links 0, so the best ring is the identity.
+        let mut off = vec![false; 16];
+        for a in 0..4 {
+            off[a * 4 + a] = true;
+        }
+        let driver4 = vec![
+            vec![0, 2, 16, 2],
+            vec![2, 0, 2, 16],
+            vec![16, 2, 0, 2],
+            vec![2, 16, 2, 0],
+        ];
+        let s = ring_scores(&driver4, &off, 4);
+        assert!(s.iter().flatten().all(|&x| x == 0));
+        assert_eq!(topology::best_ring(&s), vec![0, 1, 2, 3]);
+        assert_eq!(
+            topology::best_ring(&ring_scores(&driver4, &[true; 16], 4)),
+            vec![0, 1, 3, 2]
+        );
+        // A short driver matrix does not panic.
+        assert_eq!(
+            ring_scores(&[], &[true; 4], 2),
+            vec![vec![0, 0], vec![0, 0]]
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! * [`ensure_driver`]: is `libcuda.so` there at all? (`cudarc` panics on first use without it,
 //!   so every entry point of ringccl calls this first);
 //! * [`device_count`], [`can_access_peer`], [`enable_peer_access`]: devices and NVLink/PCIe peer
-//!   access (only in `cudarc::driver::sys`);
+//!   access (only in `cudarc::driver::sys`); [`p2p_link_scores`]: the link scores the ring order
+//!   is chosen from ([`crate::topology`]);
 //! * [`ptx`], [`ptx_arch_for`]: the kernels' PTX, embedded (deflated) at compile time;
 //! * [`Kernels`]: the module loaded into one context, its 160 functions, and typed launchers
 //!   for the three primitives (copy, reduce, reduce-copy) that pick the grid ([`LaunchPlan`]),
@@ -205,6 +206,93 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<()> {
     unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }
         .result()
         .map_err(|e| Error::cuda("cuMemPoolSetAccess", None, e))
+}
+
+/// Performance ranks (`CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`, 0 = best) that
+/// [`link_score`] tells apart; worse ranks all score like this one.
+pub const WORST_SCORED_PERF_RANK: i32 = 15;
+
+/// The score of a directed link for [`crate::topology::best_ring`]: 0 without peer access,
+/// otherwise `1 + (WORST_SCORED_PERF_RANK - rank)` for the driver's performance rank (0 is the
+/// best; ranks are clamped to `0..=WORST_SCORED_PERF_RANK`), so a better link scores higher and
+/// every link with access scores at least 1.
+///
+/// ```
+/// use ringccl::driver::{link_score, WORST_SCORED_PERF_RANK};
+/// assert_eq!(link_score(false, 0), 0);
+/// assert!(link_score(true, 0) > link_score(true, 1));
+/// assert_eq!(link_score(true, WORST_SCORED_PERF_RANK), 1);
+/// assert_eq!(link_score(true, 1000), 1);
+/// ```
+pub fn link_score(access: bool, performance_rank: i32) -> u32 {
+    if !access {
+        return 0;
+    }
+    let rank = performance_rank.clamp(0, WORST_SCORED_PERF_RANK);
+    // `rank` is within 0..=WORST_SCORED_PERF_RANK, so the difference is small and non-negative.
+    1 + (WORST_SCORED_PERF_RANK - rank).unsigned_abs()
+}
+
+/// One `cuDeviceGetP2PAttribute` value for the directed pair `src -> dst` (distinct devices).
+fn p2p_attribute(
+    attrib: sys::CUdevice_P2PAttribute,
+    src: sys::CUdevice,
+    dst: sys::CUdevice,
+) -> Result<i32> {
+    let mut value: std::ffi::c_int = 0;
+    // SAFETY: `value` is a valid out-pointer; `src` and `dst` are distinct device handles from
+    // `cuDeviceGet`; `attrib` is a valid enumerator.
+    unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attrib, src, dst) }
+        .result()
+        .map_err(|e| Error::cuda("cuDeviceGetP2PAttribute", None, e))?;
+    Ok(value)
+}
+
+/// The link scores between the given devices, for [`crate::topology::best_ring`]:
+/// `scores[a][b]` is [`link_score`] of `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED` and
+/// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK` from device `ordinals[a]` to device `ordinals[b]`;
+/// the diagonal is 0. This reads what the hardware supports; whether peer access is enabled
+/// is the communicator's business.
+///
+/// Errors: [`Error::NoDriver`], [`Error::BadDevice`] for an ordinal the driver rejects,
+/// [`Error::Cuda`] if the driver cannot answer.
+///
+/// ```no_run
+/// let scores = ringccl::driver::p2p_link_scores(&[0, 1, 2, 3])?;
+/// println!("ring: {:?}", ringccl::topology::best_ring(&scores));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn p2p_link_scores(ordinals: &[usize]) -> Result<Vec<Vec<u32>>> {
+    ensure_driver()?;
+    let devs = ordinals
+        .iter()
+        .map(|&o| cu_device(o))
+        .collect::<Result<Vec<_>>>()?;
+    let n = devs.len();
+    let mut scores = vec![vec![0u32; n]; n];
+    for (a, row) in scores.iter_mut().enumerate() {
+        for (b, cell) in row.iter_mut().enumerate() {
+            if a == b || ordinals[a] == ordinals[b] {
+                continue;
+            }
+            use sys::CUdevice_P2PAttribute as A;
+            let access = p2p_attribute(
+                A::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED,
+                devs[a],
+                devs[b],
+            )?;
+            if access == 0 {
+                continue;
+            }
+            let rank = p2p_attribute(
+                A::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK,
+                devs[a],
+                devs[b],
+            )?;
+            *cell = link_score(true, rank);
+        }
+    }
+    Ok(scores)
 }
 
 /// Threads per block the launchers use when the function allows it.
@@ -673,7 +761,22 @@ mod tests {
             assert_eq!(ensure_driver(), Err(Error::NoDriver));
             assert_eq!(device_count(), Err(Error::NoDriver));
             assert_eq!(can_access_peer(0, 1), Err(Error::NoDriver));
+            assert_eq!(p2p_link_scores(&[0, 1]), Err(Error::NoDriver));
         }
+    }
+
+    #[test]
+    fn link_scores_order_by_performance_rank() {
+        for rank in [-3, 0, 1, 7, WORST_SCORED_PERF_RANK, 16, i32::MAX] {
+            assert_eq!(link_score(false, rank), 0);
+            assert!(link_score(true, rank) >= 1);
+        }
+        for rank in 0..WORST_SCORED_PERF_RANK {
+            assert_eq!(link_score(true, rank), link_score(true, rank + 1) + 1);
+        }
+        assert_eq!(link_score(true, -3), link_score(true, 0));
+        assert_eq!(link_score(true, i32::MIN), link_score(true, 0));
+        assert_eq!(link_score(true, i32::MAX), 1);
     }
 
     #[test]

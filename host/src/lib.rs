@@ -15,7 +15,8 @@
 //! * [`comm`]: the communicator (one rank per GPU, one process);
 //! * [`exec`]: turns a schedule into kernel launches, event records and waits;
 //! * [`collectives`]: the public API (validate, schedule, enqueue);
-//! * [`tuning`]: chunk sizes and launch caps, with environment overrides.
+//! * [`tuning`]: chunk sizes and launch caps, with environment overrides;
+//! * [`topology`]: the ring order, chosen from the peer-to-peer link scores.
 //!
 //! # Example: all-reduce over every GPU
 //!
@@ -58,6 +59,7 @@ pub mod error;
 pub mod exec;
 pub mod schedule;
 pub mod sim;
+pub mod topology;
 pub mod tuning;
 
 pub use buffer::Io;
