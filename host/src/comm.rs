@@ -319,10 +319,12 @@ impl Communicator {
             Some(ring) => ring,
             // Up to 3 ranks every ring is the same; without peer access every link scores 0.
             None if n <= 3 || disabled => (0..n).collect(),
-            None => {
-                let scores = ring_scores(&driver::p2p_link_scores(ordinals)?, &peer, n);
-                topology::best_ring(&scores)
-            }
+            // The topology only ranks rings: if the driver cannot describe it (an attribute
+            // unsupported in some setup), device order is still a correct ring.
+            None => match driver::p2p_link_scores(ordinals) {
+                Ok(links) => topology::best_ring(&ring_scores(&links, &peer, n)),
+                Err(_) => (0..n).collect(),
+            },
         };
         Ok(Communicator {
             ranks,
