@@ -283,17 +283,7 @@ fn execute_planned(
     let mut scratch = vec![0u64; n];
     for (r, base) in scratch.iter_mut().enumerate() {
         if s.scratch_len > 0 || stage[r] > 0 {
-            let bytes = stage_off + stage[r];
-            if capturing && g.scratch_bytes(r) < bytes {
-                return Err(Error::invalid(
-                    Some(r),
-                    Arg::Stream,
-                    "the stream is being captured into a CUDA graph and this call needs more \
-                     scratch memory than the communicator has: run the same call once before \
-                     capturing",
-                ));
-            }
-            *base = g.scratch_ptr(r, bytes)?;
+            *base = scratch_for_call(&mut g, r, stage_off + stage[r], capturing)?;
         }
     }
 
@@ -447,16 +437,7 @@ pub(crate) fn execute_oneshot(
     let mut tmp = vec![None; n];
     if in_place {
         for (r, t) in tmp.iter_mut().enumerate() {
-            if capturing && g.scratch_bytes(r) < bytes {
-                return Err(Error::invalid(
-                    Some(r),
-                    Arg::Stream,
-                    "the stream is being captured into a CUDA graph and this call needs more \
-                     scratch memory than the communicator has: run the same call once before \
-                     capturing",
-                ));
-            }
-            *t = Some(g.scratch_ptr(r, bytes)?);
+            *t = Some(scratch_for_call(&mut g, r, bytes, capturing)?);
         }
     }
 
@@ -504,6 +485,21 @@ pub(crate) fn execute_oneshot(
         }
     }
     issued
+}
+
+/// Rank `r`'s scratch of at least `bytes` for this call. During a CUDA-graph capture it cannot
+/// grow (the allocation and the wait it needs would go into the graph): that is an error telling
+/// the caller to run the call once before capturing.
+fn scratch_for_call(g: &mut CallGuard<'_>, r: usize, bytes: usize, capturing: bool) -> Result<u64> {
+    if capturing && g.scratch_bytes(r) < bytes {
+        return Err(Error::invalid(
+            Some(r),
+            Arg::Stream,
+            "the stream is being captured into a CUDA graph and this call needs more scratch \
+             memory than the communicator has: run the same call once before capturing",
+        ));
+    }
+    g.scratch_ptr(r, bytes)
 }
 
 /// Whether any of the streams is being captured into a CUDA graph (then all must be, in the
