@@ -151,10 +151,14 @@ fn owner_ordinal<T>(s: &impl cudarc::driver::DeviceSlice<T>) -> usize {
 }
 
 /// Reads the address of a cudarc slice or view. cudarc only hands it out with a stream to
-/// order the access on; the buffer's own stream is used, so at most an event wait and an event
-/// record are enqueued there (see the module docs).
+/// order the access on (the buffer's own stream here: at most one event wait is enqueued
+/// there). The read record it returns is forgotten, not dropped: dropping it would re-record
+/// the buffer's read event on that stream and hide an earlier read on another stream from the
+/// collective's own tracking ([`DeviceSliceMut::track_write`]).
 fn address<T>(s: &impl DevicePtr<T>) -> u64 {
-    let (ptr, _record) = s.device_ptr(s.stream());
+    let (ptr, record) = s.device_ptr(s.stream());
+    // `SyncOnDrop` only borrows; forgetting it skips the event record and nothing else.
+    std::mem::forget(record);
     ptr
 }
 

@@ -912,7 +912,7 @@ impl Communicator {
         let n = devices.len();
         let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
         if let Collective::AllReduce { count } = c {
-            let algo = crate::tuning::all_reduce_algo(max_bytes, n, self.all_peer_access());
+            let algo = crate::tuning::all_reduce_algo(max_bytes, n, self.oneshot_usable());
             if algo == crate::tuning::AllReduceAlgo::OneShot {
                 return self.all_reduce_oneshot(io, count, op, streams, &plan);
             }

@@ -112,6 +112,10 @@ impl Drop for OneShotFlags {
 #[derive(Debug)]
 pub(crate) struct RankState {
     scratch: Option<CudaSlice<u8>>,
+    /// A CUDA graph captured a call that used `scratch`.
+    scratch_captured: bool,
+    /// Scratch buffers replaced while a captured graph may still use them; freed on drop.
+    retired: Vec<CudaSlice<u8>>,
     scratch_ptr: u64,
     scratch_bytes: usize,
     events: Vec<CudaEvent>,
@@ -153,6 +157,9 @@ pub struct Communicator {
     ring: Vec<usize>,
     state: Mutex<Vec<RankState>>,
     cache: Mutex<HashMap<ScheduleKey, Arc<Prepared>>>,
+    /// Set when a one-shot call failed after some ranks' kernels were launched: their device
+    /// epochs may disagree from then on, so this communicator uses the ring for good.
+    oneshot_broken: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -283,6 +290,8 @@ impl Communicator {
             let flags = OneShotFlags::new(&ctx, &stream, rank)?;
             state.push(RankState {
                 scratch: None,
+                scratch_captured: false,
+                retired: Vec::new(),
                 scratch_ptr: 0,
                 scratch_bytes: 0,
                 events: Vec::new(),
@@ -332,6 +341,7 @@ impl Communicator {
             ring,
             state: Mutex::new(state),
             cache: Mutex::new(HashMap::new()),
+            oneshot_broken: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -483,6 +493,21 @@ impl Communicator {
         self.peer.iter().all(|&p| p)
     }
 
+    /// Whether the one-shot all-reduce may be used: peer access everywhere and no earlier
+    /// one-shot call failed half-launched.
+    pub(crate) fn oneshot_usable(&self) -> bool {
+        self.all_peer_access()
+            && !self
+                .oneshot_broken
+                .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Stops using the one-shot all-reduce on this communicator (see `oneshot_broken`).
+    pub(crate) fn disable_oneshot(&self) {
+        self.oneshot_broken
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// The device address of `rank`'s one-shot flag array (`None` if out of range).
     pub(crate) fn oneshot_flags(&self, rank: usize) -> Option<u64> {
         self.ranks.get(rank).map(|r| r.flags.ptr)
@@ -565,11 +590,8 @@ impl CallGuard<'_> {
     /// the end of the previous call (the last user of the old buffer), frees it there, allocates
     /// the new one there, and the end-of-previous-call event is re-recorded after the
     /// allocation, so the next call's start (which waits on that event) sees the new memory.
-    /// The bytes of `rank`'s scratch allocated now (0 for none or a bad rank).
-    pub(crate) fn scratch_bytes(&self, rank: usize) -> usize {
-        self.state.get(rank).map_or(0, |st| st.scratch_bytes)
-    }
-
+    /// Once a CUDA graph has captured a call that used the scratch, the old buffer is kept
+    /// (retired, freed with the communicator) instead: the graph holds its address.
     pub(crate) fn scratch_ptr(&mut self, rank: usize, bytes: usize) -> Result<u64> {
         let r = Some(rank);
         let (Some(info), Some(st)) = (self.comm.ranks.get(rank), self.state.get_mut(rank)) else {
@@ -589,8 +611,13 @@ impl CallGuard<'_> {
             .map_err(|e| Error::cuda("cuStreamWaitEvent", r, e))?;
         st.scratch_ptr = 0;
         st.scratch_bytes = 0;
-        // Freed on `stream` (stream-ordered) after the wait above.
-        drop(st.scratch.take());
+        // Freed on `stream` (stream-ordered) after the wait above, unless a captured graph
+        // holds its address.
+        if let Some(old) = st.scratch.take() {
+            if st.scratch_captured {
+                st.retired.push(old);
+            }
+        }
         // SAFETY: the contents are never read before a step writes them.
         let slice = unsafe { stream.alloc::<u8>(new_bytes) }
             .map_err(|e| Error::cuda("cuMemAllocAsync", r, e))?;
@@ -605,6 +632,19 @@ impl CallGuard<'_> {
         st.scratch_ptr = ptr;
         st.scratch_bytes = new_bytes;
         Ok(ptr)
+    }
+
+    /// The bytes of `rank`'s scratch allocated now (0 for none or a bad rank).
+    pub(crate) fn scratch_bytes(&self, rank: usize) -> usize {
+        self.state.get(rank).map_or(0, |st| st.scratch_bytes)
+    }
+
+    /// Notes that a CUDA graph captured a call using `rank`'s scratch (its buffer must then
+    /// outlive the communicator's use of it: see [`CallGuard::scratch_ptr`]).
+    pub(crate) fn mark_scratch_captured(&mut self, rank: usize) {
+        if let Some(st) = self.state.get_mut(rank) {
+            st.scratch_captured = true;
+        }
     }
 
     /// A fresh event of `rank`'s context, distinct from every other event handed out during

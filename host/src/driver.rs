@@ -627,6 +627,26 @@ impl Kernels {
         LaunchPlan { blocks: 1, threads }
     }
 
+    /// Checks, without launching, that the one-shot kernel for `dtype` and `op` exists and can
+    /// run `nranks` ranks (so a caller can check every rank before launching any).
+    pub fn oneshot_ready(&self, dtype: DataType, op: RedOp, nranks: usize) -> Result<()> {
+        let (i, _) = self.function(EntryKind::OneShot, dtype, Some(op))?;
+        self.oneshot_launch_plan(i, nranks).map(|_| ())
+    }
+
+    fn oneshot_launch_plan(&self, index: usize, nranks: usize) -> Result<LaunchPlan> {
+        let plan = self.oneshot_plan(index);
+        if (plan.threads as usize) < nranks {
+            return Err(Error::Kernel {
+                reason: format!(
+                    "one-shot kernel allows only {} threads per block",
+                    plan.threads
+                ),
+            });
+        }
+        Ok(plan)
+    }
+
     /// Enqueues rank `rank`'s kernel of a one-shot all-reduce (see `gpu_kernels::oneshot`):
     /// `dst = op(srcs[0], …, srcs[n-1])` with `n = srcs.len()` ranks, folded in rank order,
     /// synchronised with the other ranks' kernels through the flag arrays `flags` (every rank's,
@@ -669,15 +689,7 @@ impl Kernels {
             return Ok(());
         }
         let (i, f) = self.function(EntryKind::OneShot, dtype, Some(op))?;
-        let plan = self.oneshot_plan(i);
-        if (plan.threads as usize) < n {
-            return Err(Error::Kernel {
-                reason: format!(
-                    "one-shot kernel allows only {} threads per block",
-                    plan.threads
-                ),
-            });
-        }
+        let plan = self.oneshot_launch_plan(i, n)?;
         let mut s = [0u64; 8];
         s[..n].copy_from_slice(srcs);
         let mut fl = [0u64; 8];

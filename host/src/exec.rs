@@ -15,7 +15,10 @@
 //! While the streams are being captured into a CUDA graph, 1's wait and 4's record are left
 //! out (an event recorded outside a capture cannot be waited on inside it, and vice versa):
 //! the graph's own order keeps scratch safe between its calls, and scratch cannot grow
-//! during a capture (run the call once eagerly first).
+//! during a capture (run the call once eagerly first). Every rank's stream must be captured,
+//! in one capture, or none (a mix is rejected). A scratch buffer a graph captured is never
+//! freed before the communicator. Launches of such a graph must be ordered (on the streams)
+//! with the communicator's other calls, eager or graphed, like any two calls on it.
 //!
 //! Small all-reduces skip all of this: [`execute_oneshot`] enqueues one kernel per rank, which
 //! meet at a device-side barrier (`gpu_kernels::oneshot`).
@@ -291,9 +294,21 @@ fn execute_planned(
         &mut g, s, plan, dtype, op, ptrs, streams, &scratch, stage_off, capturing,
     );
     if issued.is_err() && !capturing {
-        // Best effort: mark the end of what was enqueued, so that the next call's start (and a
-        // scratch reallocation) waits for it on each rank's stream.
+        // Best effort: join every rank's stream with every other (steps already enqueued may
+        // touch any rank's memory), then mark the end, so that the next call's start (and a
+        // scratch reallocation) waits for all of it.
+        let mut marks = Vec::with_capacity(n);
+        for (q, stream) in streams.iter().enumerate() {
+            let ix = g.next_event(q).ok();
+            let recorded = ix.and_then(|ix| g.event(q, ix).map(|e| e.record(stream).is_ok()));
+            marks.push(ix.filter(|_| recorded == Some(true)));
+        }
         for (r, stream) in streams.iter().enumerate() {
+            for (q, ix) in marks.iter().enumerate() {
+                if let Some(e) = ix.and_then(|ix| g.event(q, ix)) {
+                    let _ = stream.wait(e);
+                }
+            }
             if let Some(end) = g.end_event(r) {
                 let _ = end.record(stream);
             }
@@ -441,7 +456,16 @@ pub(crate) fn execute_oneshot(
         }
     }
 
-    let issue = || -> Result<()> {
+    // Everything that can fail without a launch is checked for every rank first: a one-shot
+    // kernel launched on some ranks only would wait for the others until it traps.
+    for r in 0..n {
+        comm.kernels(r)
+            .ok_or_else(|| malformed(format!("no rank {r}")))?
+            .oneshot_ready(dtype, op, n)?;
+        end_event(&g, r)?;
+    }
+    let mut launched = 0usize;
+    let mut issue = || -> Result<()> {
         for (r, stream) in streams.iter().enumerate() {
             let kernels = comm
                 .kernels(r)
@@ -468,6 +492,7 @@ pub(crate) fn execute_oneshot(
                     r,
                 )?
             };
+            launched += 1;
             if !capturing {
                 record(end_event(&g, r)?, stream, r)?;
             }
@@ -475,6 +500,11 @@ pub(crate) fn execute_oneshot(
         Ok(())
     };
     let issued = issue();
+    if issued.is_err() && launched > 0 {
+        // The launched ranks' device epochs have moved on without the others: never pair them
+        // again through the device barrier.
+        comm.disable_oneshot();
+    }
     if issued.is_err() && !capturing {
         // Best effort, as in `execute_planned`. A rank whose kernel went out without its peers'
         // traps after `gpu_kernels::oneshot::TIMEOUT_NS` instead of hanging.
@@ -491,28 +521,46 @@ pub(crate) fn execute_oneshot(
 /// grow (the allocation and the wait it needs would go into the graph): that is an error telling
 /// the caller to run the call once before capturing.
 fn scratch_for_call(g: &mut CallGuard<'_>, r: usize, bytes: usize, capturing: bool) -> Result<u64> {
-    if capturing && g.scratch_bytes(r) < bytes {
-        return Err(Error::invalid(
-            Some(r),
-            Arg::Stream,
-            "the stream is being captured into a CUDA graph and this call needs more scratch \
-             memory than the communicator has: run the same call once before capturing",
-        ));
+    if capturing {
+        if g.scratch_bytes(r) < bytes {
+            return Err(Error::invalid(
+                Some(r),
+                Arg::Stream,
+                "the stream is being captured into a CUDA graph and this call needs more scratch \
+                 memory than the communicator has: run the same call once before capturing",
+            ));
+        }
+        g.mark_scratch_captured(r);
     }
     g.scratch_ptr(r, bytes)
 }
 
-/// Whether any of the streams is being captured into a CUDA graph (then all must be, in the
-/// same capture: a cross-stream wait would fail otherwise).
+/// Whether the streams are being captured into a CUDA graph: all of them or none (a mix would
+/// launch some ranks now and the others at graph launch, or fail half-issued on a cross-stream
+/// wait, so it is rejected before anything is enqueued).
 fn capturing(streams: &[&CudaStream]) -> Result<bool> {
-    let mut any = false;
+    let mut statuses = Vec::with_capacity(streams.len());
     for (r, stream) in streams.iter().enumerate() {
         let status = stream
             .capture_status()
             .map_err(|e| Error::cuda("cuStreamIsCapturing", Some(r), e))?;
-        any |= status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        statuses.push(status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
     }
-    Ok(any)
+    capture_state(&statuses)
+}
+
+/// All-or-none rule of [`capturing`], on the per-rank capture flags.
+fn capture_state(active: &[bool]) -> Result<bool> {
+    let any = active.iter().any(|&a| a);
+    match active.iter().position(|&a| a != any) {
+        Some(r) if any => Err(Error::invalid(
+            Some(r),
+            Arg::Stream,
+            "some ranks' streams are being captured into a CUDA graph and this one is not: \
+             capture every rank's stream (in one capture) or none",
+        )),
+        _ => Ok(any),
+    }
 }
 
 /// Enqueues one step on `stream` (its exec rank's stream).
@@ -635,6 +683,35 @@ fn issue_step(
         };
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod capture_tests {
+    use super::capture_state;
+    use crate::{Arg, Error};
+
+    #[test]
+    fn capture_is_all_or_none() {
+        assert_eq!(capture_state(&[false, false]).ok(), Some(false));
+        assert_eq!(capture_state(&[true, true, true]).ok(), Some(true));
+        assert_eq!(capture_state(&[]).ok(), Some(false));
+        for mixed in [
+            [true, false, true],
+            [false, true, true],
+            [true, true, false],
+        ] {
+            match capture_state(&mixed) {
+                Err(Error::InvalidArgument {
+                    rank: Some(r),
+                    arg: Arg::Stream,
+                    ..
+                }) => {
+                    assert!(!mixed[r], "names a rank that is not captured");
+                }
+                other => panic!("mixed capture accepted: {other:?}"),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
