@@ -43,18 +43,36 @@ pub struct EntryPoint {
     pub op: Option<RedOp>,
 }
 
+impl EntryPoint {
+    /// An entry point description (how [`ENTRY_POINTS`] is written; tests build their own).
+    ///
+    /// ```
+    /// use gpu_kernels::entry::{EntryKind, EntryPoint};
+    /// let e = EntryPoint::new("ringccl_copy_u8", EntryKind::Copy, "u8", None);
+    /// assert_eq!(e.dtype, "u8");
+    /// ```
+    pub const fn new(
+        name: &'static str,
+        kind: EntryKind,
+        dtype: &'static str,
+        op: Option<RedOp>,
+    ) -> Self {
+        EntryPoint {
+            name,
+            kind,
+            dtype,
+            op,
+        }
+    }
+}
+
 const fn ep(
     name: &'static str,
     kind: EntryKind,
     dtype: &'static str,
     op: Option<RedOp>,
 ) -> EntryPoint {
-    EntryPoint {
-        name,
-        kind,
-        dtype,
-        op,
-    }
+    EntryPoint::new(name, kind, dtype, op)
 }
 
 /// Every entry point in the PTX, copies first.

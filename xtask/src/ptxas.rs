@@ -278,19 +278,7 @@ ptxas info    : Function properties for ringccl_copy_f64
 ptxas info    : Used 130 registers, 400 bytes cmem[0]
 ";
 
-    fn ep(
-        name: &'static str,
-        kind: EntryKind,
-        dtype: &'static str,
-        op: Option<RedOp>,
-    ) -> EntryPoint {
-        EntryPoint {
-            name,
-            kind,
-            dtype,
-            op,
-        }
-    }
+    use gpu_kernels::entry::EntryPoint as Ep;
 
     #[test]
     fn parses_registers_stack_and_spills() {
@@ -322,14 +310,14 @@ ptxas info    : Used 130 registers, 400 bytes cmem[0]
     fn check_flags_stack_spills_and_missing_entries() {
         let r = parse(SAMPLE);
         let entries = [
-            ep("ringccl_copy_f32", EntryKind::Copy, "f32", None),
-            ep(
+            Ep::new("ringccl_copy_f32", EntryKind::Copy, "f32", None),
+            Ep::new(
                 "ringccl_reduce_sum_f32",
                 EntryKind::Reduce,
                 "f32",
                 Some(RedOp::Sum),
             ),
-            ep("ringccl_copy_u8", EntryKind::Copy, "u8", None),
+            Ep::new("ringccl_copy_u8", EntryKind::Copy, "u8", None),
         ];
         let errors = check("sm_90", &entries, &r);
         assert_eq!(errors.len(), 2, "{errors:?}");
@@ -345,9 +333,9 @@ ptxas info    : Used 130 registers, 400 bytes cmem[0]
     fn table_has_one_row_per_primitive_and_op() {
         let r = parse(SAMPLE);
         let entries = [
-            ep("ringccl_copy_f32", EntryKind::Copy, "f32", None),
-            ep("ringccl_copy_f64", EntryKind::Copy, "f64", None),
-            ep(
+            Ep::new("ringccl_copy_f32", EntryKind::Copy, "f32", None),
+            Ep::new("ringccl_copy_f64", EntryKind::Copy, "f64", None),
+            Ep::new(
                 "ringccl_reduce_sum_f32",
                 EntryKind::Reduce,
                 "f32",
