@@ -1,142 +1,29 @@
 //! The communicator: one rank per GPU, all in this process.
 //!
-//! A [`Communicator`] owns, for each rank (one per device ordinal it was built with):
-//! * the device's primary context (`Arc<CudaContext>`) and a non-blocking stream of its own
-//!   ([`Communicator::stream`], for callers that have none);
-//! * ringccl's kernels loaded into that context ([`crate::driver::Kernels`]);
-//! * a scratch buffer for partial results and staging, grown on demand;
-//! * a pool of events (`CU_EVENT_DISABLE_TIMING`) for ordering steps across GPUs, and the event
-//!   that marks the end of the communicator's previous call on that rank;
-//! * its row of the peer-access matrix (which other ranks' memory it reads directly);
-//! * the ring order of the ring collectives ([`Communicator::ring`]), chosen once at creation
-//!   from the driver's peer-to-peer link scores ([`crate::topology::best_ring`]) or fixed by
-//!   `RINGCCL_RING`;
-//! * a small flag array in its own memory (plain `cuMemAlloc`, zeroed once) for the one-shot
-//!   all-reduce's device-side barrier (`gpu_kernels::oneshot`), read and written by every
-//!   rank's one-shot kernels over peer access.
+//! A [`Communicator`] owns, for each rank (one per device ordinal it was built with), the
+//! rank's [resources](crate::resources) (context, a stream of its own, kernels, scratch,
+//! events, the one-shot flags), the [transport](crate::transport) between the ranks (which
+//! rank reaches which directly), the ring order of the ring collectives (chosen once, at
+//! creation, from the driver's link scores by [`crate::plan::topology::best_ring`], or fixed by
+//! [`Config::ring`]), its [`Config`], and the cache of prepared schedules.
 //!
-//! Collectives take `&self`; the mutable parts sit behind one mutex, held for the whole of a
-//! call's issue, so calls from several threads are issued one after the other and each call
-//! sees consistent scratch and events.
-//!
-//! ## cudarc's event tracking
-//!
-//! ringccl leaves cudarc's per-slice event tracking on (the default). Turning it off is an
-//! `unsafe`, context-wide switch that would also change the caller's own `CudaSlice`s. Kernels
-//! get raw addresses: the collectives take them from the caller's slices with
-//! `device_ptr(&stream)` / `device_ptr_mut(&stream)`, which makes the call's stream wait for the
-//! slice's last recorded write before the call and records the slice's read/write event on that
-//! stream after it is enqueued. Every step of other ranks that touched a rank's buffers is joined
-//! back into that rank's stream before the call ends (the schedule's `end_waits`), so the
-//! recorded event covers the whole collective and cudarc's own multi-stream safety still holds
-//! for the caller's buffers. The communicator's scratch is a `CudaSlice<u8>` allocated on the
-//! rank's own stream; only its address is handed to kernels.
+//! Collectives take `&self` (their code is in [`crate::api`]); the per-call state sits behind
+//! one mutex, held for the whole of a call's issue ([`crate::resources::Call`]), so calls from
+//! several threads are issued one after the other and each call sees consistent scratch and
+//! events.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::driver::{self, Kernels};
-use crate::exec::Prepared;
-use crate::schedule::{Layout, Schedule};
-use crate::topology::{self, RING_ENV};
+use crate::config::Config;
+use crate::debug::report;
+use crate::driver;
+use crate::plan::{topology, PlanCache};
+use crate::resources::{Call, RankResources, RankState};
+use crate::transport::Transport;
 use crate::{Error, Result};
-
-/// Environment variable that, set to `1`, turns off direct peer access between all ranks
-/// (every cross-GPU read and write then goes through `cuMemcpyPeerAsync` and local staging).
-pub const P2P_DISABLE_ENV: &str = "RINGCCL_P2P_DISABLE";
-
-/// Scratch grows in steps of this many bytes, so slowly growing calls do not reallocate each time.
-const SCRATCH_GRANULE: usize = 1 << 20;
-
-/// Schedules kept per communicator before the cache is emptied.
-const SCHEDULE_CACHE_LIMIT: usize = 256;
-
-/// What is fixed about one rank.
-#[derive(Debug)]
-struct Rank {
-    ordinal: usize,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    kernels: Kernels,
-    name: String,
-    flags: OneShotFlags,
-}
-
-/// One rank's flag array for the one-shot all-reduce: `gpu_kernels::oneshot::FLAG_WORDS` `u64`
-/// from plain `cuMemAlloc` (peer access enabled with `cuCtxEnablePeerAccess` covers it), zeroed
-/// at creation, freed on drop.
-#[derive(Debug)]
-struct OneShotFlags {
-    ctx: Arc<CudaContext>,
-    ptr: u64,
-}
-
-impl OneShotFlags {
-    const BYTES: usize = gpu_kernels::oneshot::FLAG_WORDS * 8;
-
-    /// Allocates and zeroes the array (the zeroing is finished when this returns).
-    fn new(ctx: &Arc<CudaContext>, stream: &CudaStream, rank: usize) -> Result<Self> {
-        let r = Some(rank);
-        ctx.bind_to_thread()
-            .map_err(|e| Error::cuda("cuCtxSetCurrent", r, e))?;
-        // SAFETY: `ctx` is current; the memory is zeroed below before any kernel reads it.
-        let ptr = unsafe { result::malloc_sync(Self::BYTES) }
-            .map_err(|e| Error::cuda("cuMemAlloc", r, e))?;
-        let flags = OneShotFlags {
-            ctx: ctx.clone(),
-            ptr,
-        };
-        // SAFETY: `ptr` is `BYTES` bytes of live device memory of this context; `stream` is a
-        // stream of this context, synchronised right after.
-        unsafe { result::memset_d8_async(ptr, 0, Self::BYTES, stream.cu_stream()) }
-            .map_err(|e| Error::cuda("cuMemsetD8Async", r, e))?;
-        stream
-            .synchronize()
-            .map_err(|e| Error::cuda("cuStreamSynchronize", r, e))?;
-        Ok(flags)
-    }
-}
-
-impl Drop for OneShotFlags {
-    fn drop(&mut self) {
-        // The communicator's `drop` has waited for every call's end on this rank first.
-        self.ctx.record_err(self.ctx.bind_to_thread());
-        // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once, here.
-        self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
-    }
-}
-
-/// What changes from call to call on one rank.
-#[derive(Debug)]
-pub(crate) struct RankState {
-    scratch: Option<CudaSlice<u8>>,
-    /// A CUDA graph captured a call that used `scratch`.
-    scratch_captured: bool,
-    /// Scratch buffers replaced while a captured graph may still use them; freed on drop.
-    retired: Vec<CudaSlice<u8>>,
-    scratch_ptr: u64,
-    scratch_bytes: usize,
-    events: Vec<CudaEvent>,
-    next_event: usize,
-    end: CudaEvent,
-}
-
-/// The key of the communicator's schedule cache.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct ScheduleKey {
-    /// The collective (`"all_reduce"`, ...).
-    pub collective: &'static str,
-    /// Its counts (one for most collectives; the peers and counts of a send/recv group).
-    pub counts: Vec<usize>,
-    /// In-place or not.
-    pub layout: Layout,
-    /// Root rank, where the collective has one.
-    pub root: Option<usize>,
-    /// Elements per step.
-    pub chunk: usize,
-}
 
 /// A group of GPUs in this process that run collectives together, one rank per GPU.
 ///
@@ -150,16 +37,18 @@ pub(crate) struct ScheduleKey {
 /// # Ok::<(), ringccl::Error>(())
 /// ```
 pub struct Communicator {
-    ranks: Vec<Rank>,
-    /// `peer[a * n + b]`: rank `a`'s kernels access rank `b`'s memory directly.
-    peer: Vec<bool>,
+    ranks: Vec<RankResources>,
+    /// Each rank's own stream (also in `ranks`), as one slice for [`Communicator::streams`].
+    streams: Vec<Arc<CudaStream>>,
+    transport: Transport,
     /// The ring order of the ring collectives: a permutation of `0..n`, fixed at creation.
     ring: Vec<usize>,
+    config: Config,
     state: Mutex<Vec<RankState>>,
-    cache: Mutex<HashMap<ScheduleKey, Arc<Prepared>>>,
+    plans: PlanCache,
     /// Set when a one-shot call failed after some ranks' kernels were launched: their device
     /// epochs may disagree from then on, so this communicator uses the ring for good.
-    oneshot_broken: std::sync::atomic::AtomicBool,
+    oneshot_broken: AtomicBool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -169,8 +58,9 @@ impl std::fmt::Debug for Communicator {
                 "ordinals",
                 &self.ranks.iter().map(|r| r.ordinal).collect::<Vec<_>>(),
             )
-            .field("peer", &self.peer)
+            .field("transport", &self.transport)
             .field("ring", &self.ring)
+            .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
@@ -202,67 +92,19 @@ pub(crate) fn validate_ordinals(ordinals: &[usize], device_count: usize) -> Resu
     Ok(())
 }
 
-/// Whether the value of [`P2P_DISABLE_ENV`] disables peer access.
-pub(crate) fn p2p_disabled(value: Option<&str>) -> bool {
-    matches!(value.map(str::trim), Some("1") | Some("true") | Some("yes"))
-}
-
-/// The link scores the ring is chosen from: the driver's scores where the communicator uses
-/// peer access (`peer[a * n + b]`), 0 where it does not (disabled, unsupported, or refused), so
-/// with `RINGCCL_P2P_DISABLE=1` every link scores the same and the ring is the identity.
-pub(crate) fn ring_scores(driver_scores: &[Vec<u32>], peer: &[bool], n: usize) -> Vec<Vec<u32>> {
-    (0..n)
-        .map(|a| {
-            (0..n)
-                .map(|b| {
-                    let direct = a != b && peer.get(a * n + b).copied().unwrap_or(false);
-                    let score = driver_scores.get(a).and_then(|r| r.get(b)).copied();
-                    if direct {
-                        score.unwrap_or(0)
-                    } else {
-                        0
-                    }
-                })
-                .collect()
-        })
-        .collect()
-}
-
-/// The [`RING_ENV`] override for `n` ranks, read from the environment (see
-/// [`topology::parse_ring`]); a value that is not Unicode is rejected like a malformed one.
-fn ring_override(n: usize) -> Result<Option<Vec<usize>>> {
-    match std::env::var_os(RING_ENV) {
-        None => Ok(None),
-        Some(v) => match v.to_str() {
-            Some(v) => topology::parse_ring(Some(v), n),
-            None => Err(Error::invalid(
-                None,
-                crate::Arg::Ranks,
-                format!("{RING_ENV} is not valid Unicode; set it to a comma-separated permutation of 0..{n} or unset it"),
-            )),
-        },
-    }
-}
-
-fn round_up(x: usize, to: usize) -> usize {
-    x.div_ceil(to).saturating_mul(to)
-}
-
 impl Communicator {
-    /// A communicator over the given device ordinals; rank `i` is device `ordinals[i]`.
+    /// A communicator over the given device ordinals (rank `i` is device `ordinals[i]`), with
+    /// the configuration of the environment ([`Config::from_env`]).
     ///
     /// Enables peer access between every pair of devices that supports it (unless
     /// `RINGCCL_P2P_DISABLE=1`), loads the kernels on each device, and chooses the ring order
-    /// ([`Communicator::ring`]): `RINGCCL_RING` if it is set (e.g. `RINGCCL_RING=0,2,1,3`, a
-    /// comma-separated permutation of the ranks `0..n`, where rank `i` is `ordinals[i]`),
-    /// otherwise [`crate::topology::best_ring`] over the driver's link scores
-    /// ([`crate::driver::p2p_link_scores`]) of the pairs that use peer access.
+    /// ([`Communicator::ring`]).
     ///
-    /// Errors: [`Error::NoDriver`] without the CUDA driver, [`Error::TooFewDevices`] for an
-    /// empty list, [`Error::BadDevice`] for an ordinal that is not visible or repeated,
-    /// [`Error::InvalidArgument`] (naming `RINGCCL_RING`) if `RINGCCL_RING` is set but not a
-    /// permutation of `0..n` (checked before any device is touched), [`Error::Kernel`] if the
-    /// device cannot run the embedded PTX, [`Error::Cuda`] otherwise.
+    /// Errors: [`Error::NoDriver`] without the CUDA driver, [`Error::Config`] for a `RINGCCL_*`
+    /// variable that is not understood (checked before any device is touched),
+    /// [`Error::TooFewDevices`] for an empty list, [`Error::BadDevice`] for an ordinal that is
+    /// not visible or repeated, [`Error::Kernel`] if the device cannot run ringccl's kernels,
+    /// [`Error::Cuda`] otherwise.
     ///
     /// ```no_run
     /// let comm = ringccl::Communicator::new(&[0, 1])?;
@@ -270,89 +112,71 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn new(ordinals: &[usize]) -> Result<Self> {
+        Self::with_config(ordinals, Config::from_env()?)
+    }
+
+    /// [`Communicator::new`] with an explicit configuration (the environment is not read).
+    ///
+    /// ```no_run
+    /// use ringccl::{Algorithm, Communicator, Config};
+    /// let mut config = Config::default();
+    /// config.algorithm = Some(Algorithm::Ring);
+    /// let comm = Communicator::with_config(&[0, 1], config)?;
+    /// assert_eq!(comm.config().algorithm, Some(Algorithm::Ring));
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn with_config(ordinals: &[usize], config: Config) -> Result<Self> {
         driver::ensure_driver()?;
         validate_ordinals(ordinals, driver::device_count()?)?;
-        let fixed_ring = ring_override(ordinals.len())?;
-        let mut ranks = Vec::with_capacity(ordinals.len());
-        let mut state = Vec::with_capacity(ordinals.len());
+        let n = ordinals.len();
+        config.check(n)?;
+        let mut ranks = Vec::with_capacity(n);
+        let mut state = Vec::with_capacity(n);
         for (rank, &ordinal) in ordinals.iter().enumerate() {
-            let r = Some(rank);
-            let ctx = CudaContext::new(ordinal)
-                .map_err(|e| Error::cuda("cuDevicePrimaryCtxRetain", r, e))?;
-            let stream = ctx
-                .new_stream()
-                .map_err(|e| Error::cuda("cuStreamCreate", r, e))?;
-            let kernels = Kernels::load(&ctx, r)?;
-            let name = ctx
-                .name()
-                .map_err(|e| Error::cuda("cuDeviceGetName", r, e))?;
-            let end = new_event(&ctx, r)?;
-            let flags = OneShotFlags::new(&ctx, &stream, rank)?;
-            state.push(RankState {
-                scratch: None,
-                scratch_captured: false,
-                retired: Vec::new(),
-                scratch_ptr: 0,
-                scratch_bytes: 0,
-                events: Vec::new(),
-                next_event: 0,
-                end,
-            });
-            ranks.push(Rank {
-                ordinal,
-                ctx,
-                stream,
-                kernels,
-                name,
-                flags,
-            });
+            let res = RankResources::new(rank, ordinal, &config)?;
+            state.push(RankState::new(&res.ctx, rank)?);
+            ranks.push(res);
         }
-        let n = ranks.len();
-        let disabled = p2p_disabled(std::env::var(P2P_DISABLE_ENV).ok().as_deref());
-        let mut peer = vec![false; n * n];
-        for a in 0..n {
-            for b in 0..n {
-                if a == b {
-                    peer[a * n + b] = true;
-                    continue;
-                }
-                if disabled || !driver::can_access_peer(ranks[a].ordinal, ranks[b].ordinal)? {
-                    continue;
-                }
-                // A pair the driver says is capable but refuses (e.g. too many peers) falls
-                // back to staged copies rather than failing the communicator.
-                peer[a * n + b] = driver::enable_peer_access(&ranks[a].ctx, &ranks[b].ctx).is_ok();
-            }
-        }
-        let ring = match fixed_ring {
-            Some(ring) => ring,
+        let ctxs: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
+        let transport = Transport::connect(&ctxs, config.p2p_disable, config.debug)?;
+        let (ring, how) = match &config.ring {
+            Some(ring) => (ring.clone(), "RINGCCL_RING"),
             // Up to 3 ranks every ring is the same; without peer access every link scores 0.
-            None if n <= 3 || disabled => (0..n).collect(),
+            None if n <= 3 || config.p2p_disable => ((0..n).collect(), "device order"),
             // The topology only ranks rings: if the driver cannot describe it (an attribute
             // unsupported in some setup), device order is still a correct ring.
             None => match driver::p2p_link_scores(ordinals) {
-                Ok(links) => topology::best_ring(&ring_scores(&links, &peer, n)),
-                Err(_) => (0..n).collect(),
+                Ok(links) => (
+                    topology::best_ring(&topology::reachable_scores(&links, |a, b| {
+                        transport.direct(a, b)
+                    })),
+                    "link scores",
+                ),
+                Err(_) => ((0..n).collect(), "device order (no link scores)"),
             },
         };
-        Ok(Communicator {
+        let comm = Communicator {
+            streams: ranks.iter().map(|r| r.stream.clone()).collect(),
             ranks,
-            peer,
+            transport,
             ring,
+            config,
             state: Mutex::new(state),
-            cache: Mutex::new(HashMap::new()),
-            oneshot_broken: std::sync::atomic::AtomicBool::new(false),
-        })
+            plans: PlanCache::default(),
+            oneshot_broken: AtomicBool::new(false),
+        };
+        comm.report_setup(how);
+        Ok(comm)
     }
 
-    /// A communicator over every visible device (rank `i` = device `i`).
+    /// A communicator over every visible device (rank `i` = device `i`), configured from the
+    /// environment.
     ///
     /// ```no_run
     /// let comm = ringccl::Communicator::all()?;
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn all() -> Result<Self> {
-        driver::ensure_driver()?;
         let n = driver::device_count()?;
         if n == 0 {
             return Err(Error::TooFewDevices {
@@ -361,6 +185,23 @@ impl Communicator {
             });
         }
         Self::new(&(0..n).collect::<Vec<_>>())
+    }
+
+    fn report_setup(&self, ring_from: &str) {
+        let debug = self.config.debug;
+        let devices: Vec<String> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(r, x)| format!("rank {r} = device {} ({})", x.ordinal, x.name))
+            .collect();
+        report!(debug, Info, "communicator of {} ranks: {}", self.nranks(), devices.join(", "));
+        let peer = if self.transport.all_direct() {
+            "peer access between every pair".to_string()
+        } else {
+            format!("{:?}", self.transport)
+        };
+        report!(debug, Info, "{peer}; ring {:?} (from {ring_from}); {:?}", self.ring, self.config);
     }
 
     /// The number of ranks.
@@ -416,7 +257,7 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn stream(&self, rank: usize) -> &Arc<CudaStream> {
-        &self.ranks[rank].stream
+        &self.streams[rank]
     }
 
     /// The device name of `rank` (e.g. `"NVIDIA H200"`).
@@ -444,8 +285,7 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn peer_access(&self, rank: usize, peer: usize) -> bool {
-        let n = self.nranks();
-        rank < n && peer < n && self.peer[rank * n + peer]
+        self.transport.direct(rank, peer)
     }
 
     /// The ring order of the ring collectives (all but send/recv and the one-shot all-reduce):
@@ -488,34 +328,43 @@ impl Communicator {
         Ok(())
     }
 
-    /// Whether every rank accesses every other rank's memory directly.
-    pub(crate) fn all_peer_access(&self) -> bool {
-        self.peer.iter().all(|&p| p)
+    /// The communicator's configuration.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// println!("{:?}", comm.config());
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Every rank's own stream, in rank order: pass it to a collective when the communicator's
+    /// streams are the ones to use.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io, RedOp};
+    /// let comm = Communicator::all()?;
+    /// let mut bufs = (0..comm.nranks())
+    ///     .map(|r| comm.stream(r).alloc_zeros::<f32>(256))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
+    /// comm.all_reduce(&mut io, 256, RedOp::Sum, comm.streams())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn streams(&self) -> &[Arc<CudaStream>] {
+        &self.streams
     }
 
     /// Whether the one-shot all-reduce may be used: peer access everywhere and no earlier
     /// one-shot call failed half-launched.
     pub(crate) fn oneshot_usable(&self) -> bool {
-        self.all_peer_access()
-            && !self
-                .oneshot_broken
-                .load(std::sync::atomic::Ordering::Acquire)
+        self.transport.all_direct() && !self.oneshot_broken.load(Ordering::Acquire)
     }
 
-    /// Stops using the one-shot all-reduce on this communicator (see `oneshot_broken`).
-    pub(crate) fn disable_oneshot(&self) {
-        self.oneshot_broken
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// The device address of `rank`'s one-shot flag array (`None` if out of range).
-    pub(crate) fn oneshot_flags(&self, rank: usize) -> Option<u64> {
-        self.ranks.get(rank).map(|r| r.flags.ptr)
-    }
-
-    /// The kernels loaded on `rank` (`None` if out of range).
-    pub(crate) fn kernels(&self, rank: usize) -> Option<&Kernels> {
-        self.ranks.get(rank).map(|r| &r.kernels)
+    /// The cache of prepared schedules.
+    pub(crate) fn plans(&self) -> &PlanCache {
+        &self.plans
     }
 
     fn lock_state(&self) -> MutexGuard<'_, Vec<RankState>> {
@@ -524,39 +373,9 @@ impl Communicator {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Locks the communicator for one call's issue.
-    pub(crate) fn begin_call(&self) -> CallGuard<'_> {
-        let mut state = self.lock_state();
-        for st in state.iter_mut() {
-            st.next_event = 0;
-        }
-        CallGuard { comm: self, state }
-    }
-
-    /// The address of `rank`'s scratch, grown to at least `bytes` bytes (tests only; calls use
-    /// [`CallGuard::scratch_ptr`]).
-    #[cfg(test)]
-    pub(crate) fn scratch_ptr(&self, rank: usize, bytes: usize) -> Result<u64> {
-        let mut g = self.begin_call();
-        g.scratch_ptr(rank, bytes)
-    }
-
-    /// The prepared schedule for `key`, built with `build` (and checked) the first time.
-    pub(crate) fn prepared(
-        &self,
-        key: ScheduleKey,
-        build: impl FnOnce() -> Schedule,
-    ) -> Result<Arc<Prepared>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = cache.get(&key) {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(Prepared::new(build())?);
-        if cache.len() >= SCHEDULE_CACHE_LIMIT {
-            cache.clear();
-        }
-        cache.insert(key, p.clone());
-        Ok(p)
+    /// Locks the communicator for one call's issue: the handle an executor works through.
+    pub(crate) fn begin_call(&self) -> Call<'_> {
+        Call::new(&self.ranks, &self.transport, self.lock_state(), &self.oneshot_broken)
     }
 }
 
@@ -569,116 +388,6 @@ impl Drop for Communicator {
         for (rank, st) in self.ranks.iter().zip(state.iter()) {
             rank.ctx.record_err(st.end.synchronize());
         }
-    }
-}
-
-fn new_event(ctx: &Arc<CudaContext>, rank: Option<usize>) -> Result<CudaEvent> {
-    ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-        .map_err(|e| Error::cuda("cuEventCreate", rank, e))
-}
-
-/// The communicator, locked for the issue of one call.
-pub(crate) struct CallGuard<'a> {
-    comm: &'a Communicator,
-    state: MutexGuard<'a, Vec<RankState>>,
-}
-
-impl CallGuard<'_> {
-    /// The address of `rank`'s scratch, grown to at least `bytes` bytes.
-    ///
-    /// Growing is stream-ordered, without blocking the host: the rank's own stream waits for
-    /// the end of the previous call (the last user of the old buffer), frees it there, allocates
-    /// the new one there, and the end-of-previous-call event is re-recorded after the
-    /// allocation, so the next call's start (which waits on that event) sees the new memory.
-    /// Once a CUDA graph has captured a call that used the scratch, the old buffer is kept
-    /// (retired, freed with the communicator) instead: the graph holds its address.
-    pub(crate) fn scratch_ptr(&mut self, rank: usize, bytes: usize) -> Result<u64> {
-        let r = Some(rank);
-        let (Some(info), Some(st)) = (self.comm.ranks.get(rank), self.state.get_mut(rank)) else {
-            return Err(Error::invalid(
-                None,
-                crate::Arg::Ranks,
-                format!("rank {rank} out of range"),
-            ));
-        };
-        if bytes <= st.scratch_bytes {
-            return Ok(st.scratch_ptr);
-        }
-        let new_bytes = round_up(bytes, SCRATCH_GRANULE);
-        let stream = &info.stream;
-        stream
-            .wait(&st.end)
-            .map_err(|e| Error::cuda("cuStreamWaitEvent", r, e))?;
-        st.scratch_ptr = 0;
-        st.scratch_bytes = 0;
-        // Freed on `stream` (stream-ordered) after the wait above, unless a captured graph
-        // holds its address.
-        if let Some(old) = st.scratch.take() {
-            if st.scratch_captured {
-                st.retired.push(old);
-            }
-        }
-        // SAFETY: the contents are never read before a step writes them.
-        let slice = unsafe { stream.alloc::<u8>(new_bytes) }
-            .map_err(|e| Error::cuda("cuMemAllocAsync", r, e))?;
-        let ptr = {
-            let (p, _record) = slice.device_ptr(stream);
-            p
-        };
-        st.end
-            .record(stream)
-            .map_err(|e| Error::cuda("cuEventRecord", r, e))?;
-        st.scratch = Some(slice);
-        st.scratch_ptr = ptr;
-        st.scratch_bytes = new_bytes;
-        Ok(ptr)
-    }
-
-    /// The bytes of `rank`'s scratch allocated now (0 for none or a bad rank).
-    pub(crate) fn scratch_bytes(&self, rank: usize) -> usize {
-        self.state.get(rank).map_or(0, |st| st.scratch_bytes)
-    }
-
-    /// Notes that a CUDA graph captured a call using `rank`'s scratch (its buffer must then
-    /// outlive the communicator's use of it: see [`CallGuard::scratch_ptr`]).
-    pub(crate) fn mark_scratch_captured(&mut self, rank: usize) {
-        if let Some(st) = self.state.get_mut(rank) {
-            st.scratch_captured = true;
-        }
-    }
-
-    /// A fresh event of `rank`'s context, distinct from every other event handed out during
-    /// this call; returns its index for [`CallGuard::event`].
-    pub(crate) fn next_event(&mut self, rank: usize) -> Result<usize> {
-        let (Some(info), Some(st)) = (self.comm.ranks.get(rank), self.state.get_mut(rank)) else {
-            return Err(Error::invalid(
-                None,
-                crate::Arg::Ranks,
-                format!("rank {rank} out of range"),
-            ));
-        };
-        let i = st.next_event;
-        if i == st.events.len() {
-            st.events.push(new_event(&info.ctx, Some(rank))?);
-        }
-        st.next_event += 1;
-        Ok(i)
-    }
-
-    /// Event `index` of `rank`'s pool.
-    pub(crate) fn event(&self, rank: usize, index: usize) -> Option<&CudaEvent> {
-        self.state.get(rank).and_then(|st| st.events.get(index))
-    }
-
-    /// The event that marks the end of the previous call on `rank` (recorded again at the end
-    /// of this one).
-    pub(crate) fn end_event(&self, rank: usize) -> Option<&CudaEvent> {
-        self.state.get(rank).map(|st| &st.end)
-    }
-
-    /// The communicator.
-    pub(crate) fn comm(&self) -> &Communicator {
-        self.comm
     }
 }
 
@@ -712,59 +421,6 @@ mod tests {
     }
 
     #[test]
-    fn p2p_env_values() {
-        assert!(p2p_disabled(Some("1")));
-        assert!(p2p_disabled(Some(" 1\n")));
-        assert!(p2p_disabled(Some("true")));
-        assert!(!p2p_disabled(Some("0")));
-        assert!(!p2p_disabled(Some("")));
-        assert!(!p2p_disabled(None));
-    }
-
-    #[test]
-    fn ring_scores_keep_only_links_with_peer_access() {
-        let driver = vec![vec![0, 16, 9], vec![16, 0, 1], vec![9, 5, 0]];
-        // Rank 2 could not enable access to rank 1; the diagonal never counts.
-        let mut peer = vec![true; 9];
-        peer[2 * 3 + 1] = false;
-        let s = ring_scores(&driver, &peer, 3);
-        assert_eq!(s, vec![vec![0, 16, 9], vec![16, 0, 1], vec![9, 0, 0]]);
-        // Peer access disabled everywhere: all links 0, so the best ring is the identity.
-        let mut off = vec![false; 16];
-        for a in 0..4 {
-            off[a * 4 + a] = true;
-        }
-        let driver4 = vec![
-            vec![0, 2, 16, 2],
-            vec![2, 0, 2, 16],
-            vec![16, 2, 0, 2],
-            vec![2, 16, 2, 0],
-        ];
-        let s = ring_scores(&driver4, &off, 4);
-        assert!(s.iter().flatten().all(|&x| x == 0));
-        assert_eq!(topology::best_ring(&s), vec![0, 1, 2, 3]);
-        assert_eq!(
-            topology::best_ring(&ring_scores(&driver4, &[true; 16], 4)),
-            vec![0, 1, 3, 2]
-        );
-        // A short driver matrix does not panic.
-        assert_eq!(
-            ring_scores(&[], &[true; 4], 2),
-            vec![vec![0, 0], vec![0, 0]]
-        );
-    }
-
-    #[test]
-    fn scratch_rounds_to_granule() {
-        assert_eq!(round_up(1, SCRATCH_GRANULE), SCRATCH_GRANULE);
-        assert_eq!(round_up(SCRATCH_GRANULE, SCRATCH_GRANULE), SCRATCH_GRANULE);
-        assert_eq!(
-            round_up(SCRATCH_GRANULE + 1, SCRATCH_GRANULE),
-            2 * SCRATCH_GRANULE
-        );
-    }
-
-    #[test]
     fn communicator_is_send_and_sync() {
         fn check<T: Send + Sync>() {}
         check::<Communicator>();
@@ -773,7 +429,7 @@ mod tests {
     #[test]
     fn without_a_driver_construction_fails_cleanly() {
         // SAFETY: only probes for the library.
-        if unsafe { sys::is_culib_present() } {
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
             return; // covered by the GPU tests
         }
         assert_eq!(Communicator::new(&[0]).unwrap_err(), Error::NoDriver);

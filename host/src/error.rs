@@ -47,7 +47,7 @@ pub enum Error {
         /// Why it was rejected.
         reason: String,
     },
-    /// A call's argument is wrong; nothing was launched.
+    /// A call's argument is wrong; the call enqueued nothing.
     InvalidArgument {
         /// The rank whose argument is wrong (`None`: not rank-specific).
         rank: Option<usize>,
@@ -65,15 +65,27 @@ pub enum Error {
         /// The rank whose device it happened on, where known.
         rank: Option<usize>,
     },
-    /// The embedded PTX could not be loaded or lacks an entry point.
+    /// ringccl's kernels cannot run on this device (too old, or the embedded PTX could not be
+    /// loaded).
     Kernel {
         /// What failed.
         reason: String,
     },
-    /// NCCL (used only for comparisons in tests and benchmarks) failed.
-    Nccl {
-        /// The `ncclResult_t` as text.
-        code: String,
+    /// A setting is not understood: an environment variable (`RINGCCL_*`) or the matching
+    /// [`Config`](crate::Config) field.
+    Config {
+        /// The environment variable (also for the matching `Config` field).
+        variable: String,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A bug in ringccl: an internal consistency check failed. Please report it with the
+    /// message.
+    Internal {
+        /// What was found.
+        reason: String,
     },
 }
 
@@ -92,18 +104,26 @@ impl fmt::Display for Error {
                 write!(f, "device {ordinal} cannot be used: {reason}")
             }
             Error::InvalidArgument { rank, arg, reason } => match rank {
-                Some(r) => write!(f, "invalid {arg:?} argument on rank {r}: {reason}; nothing was launched"),
-                None => write!(f, "invalid {arg:?} argument: {reason}; nothing was launched"),
+                Some(r) => write!(f, "invalid {arg:?} argument on rank {r}: {reason} (the call enqueued nothing)"),
+                None => write!(f, "invalid {arg:?} argument: {reason} (the call enqueued nothing)"),
             },
             Error::Cuda { call, code, rank } => match rank {
                 Some(r) => write!(f, "CUDA call {call} failed on rank {r} with {code}"),
                 None => write!(f, "CUDA call {call} failed with {code}"),
             },
-            Error::Kernel { reason } => write!(
+            Error::Kernel { reason } => write!(f, "ringccl's kernels cannot run here: {reason}"),
+            Error::Config {
+                variable,
+                value,
+                reason,
+            } => write!(
                 f,
-                "ringccl's kernels could not be loaded: {reason} (the GPU must be sm_80 or newer)"
+                "{variable}={value:?} is not understood: {reason}; fix or unset it"
             ),
-            Error::Nccl { code } => write!(f, "NCCL failed with {code}"),
+            Error::Internal { reason } => write!(
+                f,
+                "internal error in ringccl: {reason}; please report this message"
+            ),
         }
     }
 }

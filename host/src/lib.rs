@@ -5,18 +5,11 @@
 //! min, max and avg over f32, f64, f16, bf16 and integers. The kernels are Rust compiled to PTX
 //! (crate `gpu-kernels`), embedded here and loaded at run time through the CUDA driver.
 //!
-//! Layers, bottom up (each module's docs say more):
-//! * [`error`]: the one error type;
-//! * [`dtype`]: element types;
-//! * [`driver`]: a thin checked layer over `cudarc` (driver presence, devices, peer access,
-//!   the embedded PTX, kernel launches);
-//! * [`schedule`]: pure ring schedules (which rank moves which elements at which step);
-//! * [`sim`]: a CPU simulator that executes schedules on host arrays;
-//! * [`comm`]: the communicator (one rank per GPU, one process);
-//! * [`exec`]: turns a schedule into kernel launches, event records and waits;
-//! * [`collectives`]: the public API (validate, schedule, enqueue);
-//! * [`tuning`]: chunk sizes and launch caps, with environment overrides;
-//! * [`topology`]: the ring order, chosen from the peer-to-peer link scores.
+//! What a program uses: a [`Communicator`] (one rank per GPU, built from device ordinals and a
+//! [`Config`]), one [`Io`] per rank naming its buffers (cudarc's `CudaSlice`/`CudaView`, or
+//! anything implementing [`DeviceSlice`]), a [`RedOp`], and the streams the work goes on.
+//! Calls only enqueue; every problem is an [`Error`] whose message says what to do.
+//! `RINGCCL_DEBUG=info` reports what ringccl chose (ring, algorithm, chunk).
 //!
 //! # Example: all-reduce over every GPU
 //!
@@ -31,14 +24,12 @@
 //! let count = 1024;
 //! let mut bufs = Vec::new();
 //! for r in 0..n {
-//!     // `comm.context(r)` is rank r's CUDA context, `comm.stream(r)` a stream on it.
-//!     assert_eq!(comm.context(r).ordinal(), comm.ordinal(r));
+//!     // `comm.stream(r)` is a stream on rank r's GPU.
 //!     bufs.push(comm.stream(r).clone_htod(&vec![(r + 1) as f32; count])?);
 //! }
-//! let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
 //! {
 //!     let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
-//!     comm.all_reduce(&mut io, count, RedOp::Sum, &streams)?;
+//!     comm.all_reduce(&mut io, count, RedOp::Sum, comm.streams())?;
 //! }
 //! for (r, buf) in bufs.iter().enumerate() {
 //!     comm.stream(r).synchronize()?;
@@ -48,25 +39,71 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! `host/examples/all_reduce.rs` is the same as a program.
+//! `host/examples/all_reduce.rs` is the same as a program. `docs/ARCHITECTURE.md` maps the
+//! modules and follows one call from this API to the kernel launch.
 
-pub mod buffer;
-pub mod collectives;
-pub mod comm;
-pub mod driver;
-pub mod dtype;
-pub mod error;
-pub mod exec;
-mod kind;
-pub mod schedule;
+/// Declares the internal modules: private, or public with the `internals` feature (for
+/// ringccl's own GPU tests and tools; not a stable API).
+macro_rules! internal_modules {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        $(#[$doc])*
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
+
+internal_modules! {
+    /// The public calls: validate, plan, enqueue.
+    api;
+    /// The communicator: ranks, resources, transport, ring, config.
+    comm;
+    /// Executors: ring (events) and one-shot (device barrier).
+    exec;
+    /// The checked CUDA driver layer.
+    driver;
+    /// Planning: algorithm, chunk, ring order, prepared schedules.
+    plan;
+    /// Per-rank resources and the per-call handle.
+    resources;
+    /// Pure ring schedules.
+    schedule;
+    /// How ranks reach each other's memory.
+    transport;
+}
+
+/// A CPU simulator of schedules (tests and tools only).
+#[cfg(feature = "internals")]
 pub mod sim;
-pub mod topology;
-pub mod tuning;
+#[cfg(all(test, not(feature = "internals")))]
+mod sim;
 
-pub use buffer::Io;
-pub use collectives::SendRecv;
+mod config;
+mod debug;
+mod dtype;
+mod error;
+mod kind;
+
+/// ringccl's internals, for its own GPU tests and tools (feature `internals`; not a stable API).
+#[cfg(feature = "internals")]
+pub mod internals {
+    pub use crate::plan::topology;
+    pub use crate::{api, comm, driver, exec, plan, resources, schedule, sim, transport};
+}
+
+pub use api::{DeviceSlice, DeviceSliceMut, Io, RawBuf, SendRecv};
 pub use comm::Communicator;
+pub use config::{Algorithm, Config, DebugLevel};
+pub use driver::device_count;
 pub use dtype::{DataType, DeviceElement};
 pub use error::{Arg, Error, Result};
 pub use gpu_kernels::op::RedOp;
 pub use kind::{CollectiveKind, UnknownCollective};
+
+/// The CUDA driver API crate ringccl is built on (its contexts, streams and slices are the ones
+/// ringccl's calls take).
+pub use cudarc;
+/// The `f16`/`bf16` types ringccl reduces.
+pub use half;

@@ -22,7 +22,7 @@
 //! consecutive ranks work on consecutive chunks at the same time (a pipeline).
 //!
 //! ```
-//! use ringccl::schedule::{all_reduce, Layout};
+//! use ringccl::internals::schedule::{all_reduce, Layout};
 //! let s = all_reduce(&[0, 1, 2, 3], 1000, Layout::OutOfPlace, 1 << 20);
 //! // Ring all-reduce: per segment, 3 reduce-copy steps then 3 copy steps.
 //! assert_eq!(s.steps.len(), 4 * (3 + 3));
@@ -60,7 +60,8 @@ pub struct Region {
 pub struct Step {
     /// The rank whose GPU and stream run it.
     pub exec: usize,
-    /// 1 source: copy; 2 sources: reduce-copy; 3..=8 sources: reduce (one destination).
+    /// 1 source: copy; 2 sources: reduce-copy; 3 to `gpu_kernels::prim::MAX_SRCS` sources: reduce
+    /// (one destination).
     pub srcs: Vec<Region>,
     /// 1 or 2 destinations.
     pub dsts: Vec<Region>,
@@ -110,11 +111,132 @@ pub struct Schedule {
     pub end_waits: Vec<Vec<usize>>,
 }
 
+/// Why a schedule cannot be executed (what [`Schedule::validate`] finds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScheduleError {
+    /// The start or end wait lists do not have one entry per rank.
+    RankCount {
+        /// The schedule's rank count.
+        expected: usize,
+        /// What was found.
+        found: usize,
+    },
+    /// A step is not a primitive the kernels implement, or its regions are inconsistent
+    /// (`step` is `usize::MAX` for a bad start wait).
+    BadStep {
+        /// Step index.
+        step: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A dependency that is not an earlier step of another rank, or an end wait that is not a
+    /// step (`step` is `usize::MAX` for an end wait).
+    BadDep {
+        /// Step index.
+        step: usize,
+        /// The dependency.
+        dep: usize,
+    },
+}
+
+impl std::fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScheduleError::RankCount { expected, found } => {
+                write!(f, "expected {expected} ranks' wait lists, found {found}")
+            }
+            ScheduleError::BadStep { step, reason } => write!(f, "step {step}: {reason}"),
+            ScheduleError::BadDep { step, dep } => write!(
+                f,
+                "step {step}: dependency {dep} is not an earlier step of another rank"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ScheduleError {}
+
+impl Schedule {
+    /// Checks that every step is a primitive the kernels implement (1 to `MAX_SRCS` sources, 1
+    /// or 2 destinations, one destination for 3 or more sources, no final step on a copy),
+    /// over regions of existing ranks with equal lengths, destinations that overlap no source
+    /// (except exactly) and no other destination, dependencies on earlier steps of other ranks,
+    /// and wait lists over existing ranks and steps. The one check of a schedule: the executor
+    /// and the simulator both run it, so executing a valid schedule cannot index out of range.
+    /// (Whether regions fit their buffers depends on the buffers: the caller checks that.)
+    pub fn validate(&self) -> Result<(), ScheduleError> {
+        let n = self.nranks;
+        for found in [self.start_waits.len(), self.end_waits.len()] {
+            if found != n {
+                return Err(ScheduleError::RankCount { expected: n, found });
+            }
+        }
+        for (j, st) in self.steps.iter().enumerate() {
+            let bad = |reason| Err(ScheduleError::BadStep { step: j, reason });
+            if st.exec >= n {
+                return bad("executing rank out of range");
+            }
+            if st.srcs.is_empty() || st.srcs.len() > gpu_kernels::prim::MAX_SRCS {
+                return bad("a step reads 1 to MAX_SRCS sources");
+            }
+            if st.dsts.is_empty() || st.dsts.len() > 2 || (st.srcs.len() > 2 && st.dsts.len() > 1)
+            {
+                return bad("a step writes 1 or 2 destinations (1 for a reduce of 3+ sources)");
+            }
+            if st.srcs.len() == 1 && st.finish && n > 1 {
+                return bad("a copy cannot apply the operator's final step");
+            }
+            let len = st.dsts[0].len;
+            for r in st.srcs.iter().chain(&st.dsts) {
+                if r.rank >= n {
+                    return bad("region on a rank out of range");
+                }
+                if r.len != len {
+                    return bad("regions of one step differ in length");
+                }
+                if r.offset.checked_add(r.len).is_none() {
+                    return bad("region past the end of the address space");
+                }
+            }
+            for (i, d) in st.dsts.iter().enumerate() {
+                if st.srcs.iter().any(|src| src != d && src.overlaps(d)) {
+                    return bad("a destination partially overlaps a source");
+                }
+                if st.dsts[..i].iter().any(|e| e.overlaps(d)) {
+                    return bad("the destinations overlap");
+                }
+            }
+            for &d in &st.deps {
+                if d >= j || self.steps[d].exec == st.exec {
+                    return Err(ScheduleError::BadDep { step: j, dep: d });
+                }
+            }
+        }
+        for (r, w) in self.start_waits.iter().enumerate() {
+            if w.iter().any(|&q| q >= n || q == r) {
+                return Err(ScheduleError::BadStep {
+                    step: usize::MAX,
+                    reason: "start wait on an invalid rank",
+                });
+            }
+        }
+        for w in &self.end_waits {
+            if let Some(&d) = w.iter().find(|&&d| d >= self.steps.len()) {
+                return Err(ScheduleError::BadDep {
+                    step: usize::MAX,
+                    dep: d,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Region {
     /// `len` elements at `offset` of `rank`'s buffer `buf`.
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Region};
+    /// use ringccl::internals::schedule::{BufId, Region};
     /// let r = Region::new(1, BufId::Recv, 8, 4);
     /// assert_eq!(r.end(), 12);
     /// ```
@@ -135,7 +257,7 @@ impl Region {
     /// Whether the two regions share at least one element of the same buffer of the same rank.
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Region};
+    /// use ringccl::internals::schedule::{BufId, Region};
     /// let a = Region::new(0, BufId::Send, 0, 4);
     /// assert!(a.overlaps(&Region::new(0, BufId::Send, 3, 4)));
     /// assert!(!a.overlaps(&Region::new(0, BufId::Send, 4, 4)));
@@ -178,7 +300,7 @@ impl Step {
     /// A copy: `dsts[..] = src`.
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Region, Step};
+    /// use ringccl::internals::schedule::{BufId, Region, Step};
     /// let s = Step::copy(1, Region::new(0, BufId::Send, 0, 8), Region::new(1, BufId::Recv, 0, 8));
     /// assert_eq!((s.srcs.len(), s.dsts.len(), s.finish), (1, 1, false));
     /// ```
@@ -196,7 +318,7 @@ impl Step {
     /// applied when `finish`.
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Region, Step};
+    /// use ringccl::internals::schedule::{BufId, Region, Step};
     /// let a = Region::new(0, BufId::Send, 0, 8);
     /// let b = Region::new(1, BufId::Send, 0, 8);
     /// let s = Step::reduce(0, vec![a, b], vec![Region::new(0, BufId::Recv, 0, 8)], true);
@@ -215,7 +337,7 @@ impl Step {
     /// Elements each region of the step covers.
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Region, Step};
+    /// use ringccl::internals::schedule::{BufId, Region, Step};
     /// let s = Step::copy(0, Region::new(1, BufId::Send, 0, 6), Region::new(0, BufId::Recv, 6, 6));
     /// assert_eq!(s.len(), 6);
     /// assert!(!s.is_empty());
@@ -234,7 +356,7 @@ impl Schedule {
     /// An empty schedule for `nranks` ranks.
     ///
     /// ```
-    /// use ringccl::schedule::{Layout, Schedule};
+    /// use ringccl::internals::schedule::{Layout, Schedule};
     /// let s = Schedule::new(4).finish(Layout::OutOfPlace);
     /// assert!(s.steps.is_empty() && s.start_waits.len() == 4);
     /// ```
@@ -251,7 +373,7 @@ impl Schedule {
     /// Appends a step (its `deps` are recomputed by [`Schedule::finish`]).
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Layout, Region, Schedule, Step};
+    /// use ringccl::internals::schedule::{BufId, Layout, Region, Schedule, Step};
     /// let mut s = Schedule::new(2);
     /// s.push(Step::copy(1, Region::new(0, BufId::Send, 0, 4), Region::new(1, BufId::Recv, 0, 4)));
     /// let s = s.finish(Layout::OutOfPlace);
@@ -265,11 +387,12 @@ impl Schedule {
     /// The steps rank `rank` executes, with their indices, in stream order.
     ///
     /// ```
-    /// use ringccl::schedule::{broadcast, Layout};
+    /// use ringccl::internals::schedule::{broadcast, Layout};
     /// let s = broadcast(&[0, 1, 2], 8, 0, Layout::OutOfPlace, 4);
     /// assert_eq!(s.steps_of(0).count(), 2); // the root's send → recv copies
     /// assert!(s.steps_of(2).all(|(_, st)| st.srcs[0].rank == 1));
     /// ```
+    #[cfg(any(test, feature = "internals"))]
     pub fn steps_of(&self, rank: usize) -> impl Iterator<Item = (usize, &Step)> + '_ {
         self.steps
             .iter()
@@ -287,7 +410,7 @@ impl Schedule {
     /// execution that respects `deps` and per-rank order computes what the list order computes.
     ///
     /// ```
-    /// use ringccl::schedule::{BufId, Layout, Region, Schedule, Step};
+    /// use ringccl::internals::schedule::{BufId, Layout, Region, Schedule, Step};
     /// let mut s = Schedule::new(2);
     /// // rank 0 writes its recv; rank 1 then reads it.
     /// s.push(Step::copy(0, Region::new(0, BufId::Send, 0, 4), Region::new(0, BufId::Recv, 0, 4)));
@@ -510,7 +633,7 @@ impl IntervalMap {
 /// rank `to`.
 ///
 /// ```
-/// use ringccl::schedule::P2p;
+/// use ringccl::internals::schedule::P2p;
 /// let p = P2p { from: 0, to: 1, count: 16 };
 /// assert_eq!(p.count, 16);
 /// ```
@@ -527,7 +650,7 @@ pub struct P2p {
 /// Whether `ring` is a permutation of `0..ring.len()` (and not empty).
 ///
 /// ```
-/// use ringccl::schedule::is_ring;
+/// use ringccl::internals::schedule::is_ring;
 /// assert!(is_ring(&[2, 0, 1]));
 /// assert!(!is_ring(&[0, 0, 1]) && !is_ring(&[0, 3]) && !is_ring(&[]));
 /// ```
@@ -587,7 +710,7 @@ use BufId::{Recv, Scratch, Send};
 /// `ring` that is not a permutation, gives an empty schedule (callers validate first).
 ///
 /// ```
-/// use ringccl::schedule::{all_reduce, Layout};
+/// use ringccl::internals::schedule::{all_reduce, Layout};
 /// let s = all_reduce(&[0, 1], 10, Layout::SendInRecv { stride: 0 }, 3);
 /// // 2 ranks × 2 chunks of each 5-element half, each step writes both ranks' recv.
 /// assert_eq!(s.steps.len(), 4);
@@ -667,7 +790,7 @@ pub fn all_reduce(ring: &[usize], count: usize, layout: Layout, chunk: usize) ->
 /// `finish`. Layouts: [`Layout::OutOfPlace`] and `RecvInSend { stride: recvcount }`.
 ///
 /// ```
-/// use ringccl::schedule::{reduce_scatter, Layout};
+/// use ringccl::internals::schedule::{reduce_scatter, Layout};
 /// let s = reduce_scatter(&[0, 1, 2, 3], 8, Layout::OutOfPlace, 8);
 /// assert_eq!(s.steps.len(), 4 * 3);
 /// assert_eq!(s.scratch_len, 2 * 8);
@@ -731,7 +854,7 @@ pub fn reduce_scatter(ring: &[usize], recvcount: usize, layout: Layout, chunk: u
 /// its own block) and `SendInRecv { stride: sendcount }`.
 ///
 /// ```
-/// use ringccl::schedule::{all_gather, Layout};
+/// use ringccl::internals::schedule::{all_gather, Layout};
 /// let s = all_gather(&[0, 1, 2], 5, Layout::SendInRecv { stride: 5 }, 64);
 /// assert_eq!(s.steps.len(), 3 * 2);
 /// ```
@@ -781,7 +904,7 @@ fn position(ring: &[usize], root: usize) -> Option<usize> {
 /// [`Layout::OutOfPlace`] and `SendInRecv { stride: 0 }` (the root's buffers alias).
 ///
 /// ```
-/// use ringccl::schedule::{broadcast, Layout};
+/// use ringccl::internals::schedule::{broadcast, Layout};
 /// let s = broadcast(&[0, 1, 2, 3], 100, 2, Layout::SendInRecv { stride: 0 }, 50);
 /// assert_eq!(s.steps.len(), 2 * 3);
 /// assert!(s.steps.iter().all(|st| st.exec != 2));
@@ -832,7 +955,7 @@ pub fn broadcast(
 /// `SendInRecv { stride: 0 }` (the root's buffers alias).
 ///
 /// ```
-/// use ringccl::schedule::{reduce, Layout};
+/// use ringccl::internals::schedule::{reduce, Layout};
 /// let s = reduce(&[0, 1, 2], 10, 0, Layout::OutOfPlace, 10);
 /// assert_eq!(s.steps.len(), 2);
 /// assert!(s.steps[1].finish && s.steps[1].exec == 0);
@@ -893,7 +1016,7 @@ pub fn reduce(ring: &[usize], count: usize, root: usize, layout: Layout, chunk: 
 /// own block stays where it is.
 ///
 /// ```
-/// use ringccl::schedule::{all_to_all, Layout};
+/// use ringccl::internals::schedule::{all_to_all, Layout};
 /// let s = all_to_all(&[0, 1, 2], 4, Layout::OutOfPlace, 64);
 /// assert_eq!(s.steps.len(), 9);
 /// ```
@@ -944,7 +1067,7 @@ pub fn all_to_all(ring: &[usize], count: usize, layout: Layout, chunk: usize) ->
 /// its own block of its recv).
 ///
 /// ```
-/// use ringccl::schedule::{gather, Layout};
+/// use ringccl::internals::schedule::{gather, Layout};
 /// let s = gather(&[0, 1, 2, 3], 6, 1, Layout::SendInRecv { stride: 6 }, 64);
 /// assert_eq!(s.steps.len(), 3);
 /// assert!(s.steps.iter().all(|st| st.exec == 1));
@@ -993,7 +1116,7 @@ pub fn gather(
 /// its own block of its send).
 ///
 /// ```
-/// use ringccl::schedule::{scatter, Layout};
+/// use ringccl::internals::schedule::{scatter, Layout};
 /// let s = scatter(&[0, 1, 2], 6, 0, Layout::OutOfPlace, 4);
 /// assert_eq!(s.steps.len(), 2 * 3);
 /// ```
@@ -1044,7 +1167,7 @@ pub fn scatter(
 /// scratch (`scratch_len` = the most any rank sends) and receivers read them there.
 ///
 /// ```
-/// use ringccl::schedule::{send_recv, Layout, P2p};
+/// use ringccl::internals::schedule::{send_recv, Layout, P2p};
 /// let ring = [0, 1, 2];
 /// let pairs: Vec<P2p> = (0..3).map(|r| P2p { from: r, to: (r + 1) % 3, count: 5 }).collect();
 /// let s = send_recv(&ring, &pairs, Layout::OutOfPlace, 64);

@@ -9,8 +9,8 @@
 //! [`SimError::TouchBeforeStart`] / [`SimError::TouchAfterEnd`]) for some seed.
 //!
 //! ```
-//! use ringccl::schedule::{all_reduce, Layout};
-//! use ringccl::sim::{run, Order, SimRanks};
+//! use ringccl::internals::schedule::{all_reduce, Layout};
+//! use ringccl::internals::sim::{run, Order, SimRanks};
 //! use ringccl::RedOp;
 //! let s = all_reduce(&[0, 1, 2], 5, Layout::OutOfPlace, 2);
 //! let send: Vec<Vec<u32>> = (0..3).map(|r| vec![r as u32 + 1; 5]).collect();
@@ -19,7 +19,7 @@
 //! assert!(ranks.recv.iter().all(|r| r == &vec![6; 5]));
 //! ```
 
-use crate::schedule::{BufId, Region, Schedule};
+use crate::schedule::{BufId, Region, Schedule, ScheduleError};
 use gpu_kernels::element::Element;
 use gpu_kernels::op::RedOp;
 use std::fmt;
@@ -27,8 +27,8 @@ use std::fmt;
 /// Every rank's host buffers (indexed by rank), built with [`SimRanks::new`].
 ///
 /// ```
-/// use ringccl::schedule::{all_gather, Layout};
-/// use ringccl::sim::{run, Order, SimRanks};
+/// use ringccl::internals::schedule::{all_gather, Layout};
+/// use ringccl::internals::sim::{run, Order, SimRanks};
 /// use ringccl::RedOp;
 /// let s = all_gather(&[1, 0], 2, Layout::OutOfPlace, 1);
 /// let mut ranks = SimRanks::new(&s, vec![vec![1u64, 2], vec![3, 4]], vec![vec![0; 4]; 2]);
@@ -54,8 +54,8 @@ impl<T: Element> SimRanks<T> {
     /// garbage.
     ///
     /// ```
-    /// use ringccl::schedule::{reduce_scatter, Layout};
-    /// use ringccl::sim::SimRanks;
+    /// use ringccl::internals::schedule::{reduce_scatter, Layout};
+    /// use ringccl::internals::sim::SimRanks;
     /// let s = reduce_scatter(&[0, 1, 2, 3], 4, Layout::OutOfPlace, 64);
     /// let ranks = SimRanks::<f32>::new(&s, vec![vec![1.0; 16]; 4], vec![vec![0.0; 4]; 4]);
     /// assert_eq!(ranks.scratch[3].len(), s.scratch_len);
@@ -100,7 +100,7 @@ impl<T: Element> SimRanks<T> {
 /// In which order [`run`] executes the steps.
 ///
 /// ```
-/// use ringccl::sim::Order;
+/// use ringccl::internals::sim::Order;
 /// let orders = [Order::Issue, Order::Random(1), Order::Random(2)];
 /// assert_ne!(orders[1], orders[2]);
 /// ```
@@ -118,8 +118,8 @@ pub enum Order {
 /// defensive: with backward deps, which validation checks, some step can always run).
 ///
 /// ```
-/// use ringccl::schedule::{BufId, Layout, Region, Schedule, Step};
-/// use ringccl::sim::{run, Order, SimError, SimRanks};
+/// use ringccl::internals::schedule::{BufId, Layout, Region, Schedule, Step};
+/// use ringccl::internals::sim::{run, Order, SimError, SimRanks};
 /// use ringccl::RedOp;
 /// let mut s = Schedule::new(2);
 /// s.push(Step::copy(1, Region::new(0, BufId::Send, 0, 8), Region::new(1, BufId::Recv, 0, 8)));
@@ -234,44 +234,20 @@ impl fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-/// Checks that every step is an executable primitive over existing memory.
+/// Checks that the schedule is executable ([`Schedule::validate`]) and every region lies in its
+/// buffer.
 fn validate<T: Element>(s: &Schedule, ranks: &SimRanks<T>) -> Result<(), SimError> {
     let n = s.nranks;
-    for found in [
-        ranks.send.len(),
-        ranks.recv.len(),
-        ranks.scratch.len(),
-        s.start_waits.len(),
-        s.end_waits.len(),
-    ] {
+    for found in [ranks.send.len(), ranks.recv.len(), ranks.scratch.len()] {
         if found != n {
             return Err(SimError::RankCount { expected: n, found });
         }
     }
+    s.validate()?;
     for (j, st) in s.steps.iter().enumerate() {
-        let bad = |reason| Err(SimError::BadStep { step: j, reason });
-        if st.exec >= n {
-            return bad("executing rank out of range");
-        }
-        if st.srcs.is_empty() || st.srcs.len() > gpu_kernels::prim::MAX_SRCS {
-            return bad("a step reads 1 to 8 sources");
-        }
-        if st.dsts.is_empty() || st.dsts.len() > 2 || (st.srcs.len() > 2 && st.dsts.len() > 1) {
-            return bad("a step writes 1 or 2 destinations (1 for a reduce of 3+ sources)");
-        }
-        if st.srcs.len() == 1 && st.finish && n > 1 {
-            return bad("a copy cannot apply the operator's final step");
-        }
-        let len = st.dsts[0].len;
         for r in st.srcs.iter().chain(&st.dsts) {
-            if r.rank >= n {
-                return bad("region on a rank out of range");
-            }
-            if r.len != len {
-                return bad("regions of one step differ in length");
-            }
             let buf_len = ranks.len_of(r);
-            if r.end() > buf_len || r.offset.checked_add(r.len).is_none() {
+            if r.end() > buf_len {
                 return Err(SimError::OutOfRange {
                     step: j,
                     region: *r,
@@ -279,37 +255,18 @@ fn validate<T: Element>(s: &Schedule, ranks: &SimRanks<T>) -> Result<(), SimErro
                 });
             }
         }
-        for (i, d) in st.dsts.iter().enumerate() {
-            if st.srcs.iter().any(|src| src != d && src.overlaps(d)) {
-                return bad("a destination partially overlaps a source");
-            }
-            if st.dsts[..i].iter().any(|e| e.overlaps(d)) {
-                return bad("the destinations overlap");
-            }
-        }
-        for &d in &st.deps {
-            if d >= j || s.steps[d].exec == st.exec {
-                return Err(SimError::BadDep { step: j, dep: d });
-            }
-        }
-    }
-    for (r, w) in s.start_waits.iter().enumerate() {
-        if w.iter().any(|&q| q >= n || q == r) {
-            return Err(SimError::BadStep {
-                step: usize::MAX,
-                reason: "start wait on an invalid rank",
-            });
-        }
-    }
-    for w in &s.end_waits {
-        if let Some(&d) = w.iter().find(|&&d| d >= s.steps.len()) {
-            return Err(SimError::BadDep {
-                step: usize::MAX,
-                dep: d,
-            });
-        }
     }
     Ok(())
+}
+
+impl From<ScheduleError> for SimError {
+    fn from(e: ScheduleError) -> Self {
+        match e {
+            ScheduleError::RankCount { expected, found } => SimError::RankCount { expected, found },
+            ScheduleError::BadStep { step, reason } => SimError::BadStep { step, reason },
+            ScheduleError::BadDep { step, dep } => SimError::BadDep { step, dep },
+        }
+    }
 }
 
 /// Executes step `j` (validated).
@@ -356,8 +313,8 @@ enum Event {
 /// Runs the finished schedule `s` with operator `op` on `ranks`, in `order`.
 ///
 /// ```
-/// use ringccl::schedule::{broadcast, Layout};
-/// use ringccl::sim::{run, Order, SimRanks};
+/// use ringccl::internals::schedule::{broadcast, Layout};
+/// use ringccl::internals::sim::{run, Order, SimRanks};
 /// use ringccl::RedOp;
 /// let s = broadcast(&[0, 1, 2, 3], 3, 1, Layout::OutOfPlace, 1);
 /// let send = vec![vec![], vec![7i64, 8, 9], vec![], vec![]];
@@ -447,8 +404,10 @@ pub fn run<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::collective::Collective;
     use crate::schedule::tests::check_invariants;
     use crate::schedule::{self as sch, Layout, P2p, Step};
+    use crate::CollectiveKind as Coll;
 
     /// Element types the tests use, with data that every operator reduces exactly in any order.
     trait TestElem: Element + fmt::Debug {
@@ -515,29 +474,39 @@ mod tests {
         op.finish(folded, n as u32)
     }
 
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Coll {
-        AllReduce,
-        ReduceScatter,
-        AllGather,
-        Broadcast,
-        Reduce,
-        AllToAll,
-        Gather,
-        Scatter,
+    /// The call of `coll` with this count and root (send/recv groups are tested apart, by
+    /// `check_p2p`).
+    fn call(coll: Coll, count: usize, root: usize) -> Collective {
+        match coll {
+            Coll::AllReduce => Collective::AllReduce { count },
+            Coll::ReduceScatter => Collective::ReduceScatter { recvcount: count },
+            Coll::AllGather => Collective::AllGather { sendcount: count },
+            Coll::Broadcast => Collective::Broadcast { count, root },
+            Coll::Reduce => Collective::Reduce { count, root },
+            Coll::AllToAll => Collective::AllToAll {
+                count_per_peer: count,
+            },
+            Coll::Gather => Collective::Gather {
+                sendcount: count,
+                root,
+            },
+            Coll::Scatter => Collective::Scatter {
+                recvcount: count,
+                root,
+            },
+            Coll::SendRecv => unreachable!("send/recv groups are simulated by check_p2p"),
+        }
     }
 
+    /// The layout of the call; an in-place all-to-all (which the API rejects) is simulated
+    /// with the whole buffer as both input and output.
     fn layout_for(coll: Coll, count: usize, in_place: bool) -> Layout {
         if !in_place {
             return Layout::OutOfPlace;
         }
-        match coll {
-            Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::AllToAll => {
-                Layout::SendInRecv { stride: 0 }
-            }
-            Coll::AllGather | Coll::Gather => Layout::SendInRecv { stride: count },
-            Coll::ReduceScatter | Coll::Scatter => Layout::RecvInSend { stride: count },
-        }
+        call(coll, count, 0)
+            .in_place_layout()
+            .unwrap_or(Layout::SendInRecv { stride: 0 })
     }
 
     fn build(
@@ -548,16 +517,7 @@ mod tests {
         layout: Layout,
         chunk: usize,
     ) -> Schedule {
-        match coll {
-            Coll::AllReduce => sch::all_reduce(ring, count, layout, chunk),
-            Coll::ReduceScatter => sch::reduce_scatter(ring, count, layout, chunk),
-            Coll::AllGather => sch::all_gather(ring, count, layout, chunk),
-            Coll::Broadcast => sch::broadcast(ring, count, root, layout, chunk),
-            Coll::Reduce => sch::reduce(ring, count, root, layout, chunk),
-            Coll::AllToAll => sch::all_to_all(ring, count, layout, chunk),
-            Coll::Gather => sch::gather(ring, count, root, layout, chunk),
-            Coll::Scatter => sch::scatter(ring, count, root, layout, chunk),
-        }
+        call(coll, count, root).schedule(ring, layout, chunk)
     }
 
     /// Initial buffers and the buffers expected afterwards.
@@ -747,6 +707,7 @@ mod tests {
                     exp_recv,
                 }
             }
+            Coll::SendRecv => unreachable!("send/recv groups are simulated by check_p2p"),
         }
     }
 

@@ -1,6 +1,6 @@
 //! Helpers for ringccl's GPU tests and kernel benches, written directly over `cudarc` (they do not
 //! use the `ringccl` communicator): the embedded kernel PTX, a [`Gpu`] that loads it on one device
-//! and launches entry points with raw arguments, device buffers addressed by offset, and
+//! (with ringccl's own loader) and launches entry points with raw arguments, device buffers addressed by offset, and
 //! CUDA-event timing.
 //!
 //! ```no_run
@@ -18,7 +18,7 @@
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use gpu_kernels::entry::{EntryKind, EntryPoint, ENTRY_POINTS};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,14 +79,10 @@ pub fn driver_present() -> bool {
 /// assert!(ptx_for((8, 6)).contains(".target sm_80"));
 /// ```
 pub fn ptx_for(cc: (i32, i32)) -> &'static str {
-    use ringccl::driver::{ptx, PtxArch};
+    use ringccl::internals::driver::module::{ptx, ptx_arch_for, PtxArch};
     // The PTX is embedded by the host crate (deflated); inflating it fails only if the build
     // embedded corrupt data, which its own tests would have caught.
-    let arch = if cc.0 >= 9 {
-        PtxArch::Sm90
-    } else {
-        PtxArch::Sm80
-    };
+    let arch = ptx_arch_for(cc.0, cc.1).unwrap_or(PtxArch::Sm80);
     ptx(arch).expect("ringccl's embedded PTX inflates")
 }
 
@@ -248,7 +244,8 @@ pub struct Gpu {
     pub sms: u32,
     /// Device name.
     pub name: String,
-    module: sys::CUmodule,
+    /// ringccl's own module loader (the functions below are its).
+    _module: ringccl::internals::driver::Kernels,
     kernels: HashMap<&'static str, Kernel>,
 }
 
@@ -278,28 +275,19 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .ctx("multiprocessor count")? as u32;
         let name = ctx.name().ctx("cuDeviceGetName")?;
-        let module = load_module(&ctx, ptx_for(cc))?;
-        let mut gpu = Gpu {
-            ctx,
-            stream,
-            cc,
-            sms,
-            name,
-            module,
-            kernels: HashMap::new(),
-        };
-        for entry in ENTRY_POINTS {
-            let cname = CString::new(entry.name).map_err(|_| Error::msg("NUL in entry name"))?;
-            // SAFETY: `module` is loaded in the bound context and stays loaded while `gpu` lives.
-            let raw = unsafe { result::module::get_function(gpu.module, cname) }
-                .ctx(&format!("cuModuleGetFunction({})", entry.name))?;
+        let module = ringccl::internals::driver::Kernels::load(&ctx, None)
+            .map_err(|e| Error(format!("loading ringccl's kernels: {e}")))?;
+        let mut kernels = HashMap::new();
+        for (entry, f) in ENTRY_POINTS.iter().zip(module.functions()) {
+            // The module stays loaded while `gpu` (which holds it) lives.
+            let raw = f.cu_function();
             use sys::CUfunction_attribute::*;
             // SAFETY: `raw` is a function of the loaded module.
             let attr = |a| unsafe { result::function::get_function_attribute(raw, a) };
             let max_threads =
                 attr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK).ctx("max threads per block")? as u32;
             let regs = attr(CU_FUNC_ATTRIBUTE_NUM_REGS).ctx("registers")? as u32;
-            gpu.kernels.insert(
+            kernels.insert(
                 entry.name,
                 Kernel {
                     entry,
@@ -309,7 +297,15 @@ impl Gpu {
                 },
             );
         }
-        Ok(gpu)
+        Ok(Gpu {
+            ctx,
+            stream,
+            cc,
+            sms,
+            name,
+            _module: module,
+            kernels,
+        })
     }
 
     /// The loaded entry point called `name`.
@@ -448,48 +444,6 @@ impl Gpu {
         let ms = start.elapsed_ms(&end).ctx("cuEventElapsedTime")?;
         Ok(Duration::from_secs_f64(f64::from(ms) / 1e3))
     }
-}
-
-impl Drop for Gpu {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the module was loaded in this context; no function of it is used after this.
-            let _ = unsafe { result::module::unload(self.module) };
-        }
-    }
-}
-
-/// Loads PTX text in `ctx` (JIT by the driver), with the JIT's error log in the error.
-fn load_module(ctx: &Arc<CudaContext>, ptx: &str) -> Result<sys::CUmodule> {
-    let text = CString::new(ptx).map_err(|_| Error::msg("NUL byte in the PTX"))?;
-    ctx.bind_to_thread().ctx("bind context")?;
-    let mut log = vec![0u8; 16 * 1024];
-    let mut opts = [
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-    ];
-    let mut vals = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
-    let mut module = std::mem::MaybeUninit::<sys::CUmodule>::uninit();
-    // SAFETY: `text` is NUL-terminated PTX; the option arrays have 2 entries each and the log
-    // buffer is as large as announced; all outlive the call.
-    let r = unsafe {
-        sys::cuModuleLoadDataEx(
-            module.as_mut_ptr(),
-            text.as_ptr() as *const c_void,
-            opts.len() as u32,
-            opts.as_mut_ptr(),
-            vals.as_mut_ptr(),
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-        return Err(Error(format!(
-            "cuModuleLoadDataEx: {r:?}: {}",
-            String::from_utf8_lossy(&log[..end])
-        )));
-    }
-    // SAFETY: the call succeeded, so the module handle was written.
-    Ok(unsafe { module.assume_init() })
 }
 
 #[cfg(test)]

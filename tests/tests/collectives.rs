@@ -1616,8 +1616,11 @@ fn nccl_for<T: Elem + cudarc::nccl::NcclType>(
             &format!("NCCL {ty} sum count={count}"),
             Want::Ok,
             |views| {
-                let nccl = |e: cudarc::nccl::result::NcclError| Error::Nccl {
+                // The NCCL reference's failures are reported as failed calls of its API.
+                let nccl = |e: cudarc::nccl::result::NcclError| Error::Cuda {
+                    call: "nccl (reference)",
                     code: format!("{:?}", e.0),
+                    rank: None,
                 };
                 cudarc::nccl::group_start().map_err(nccl)?;
                 let mut result = Ok(());

@@ -8,7 +8,7 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
 };
-use ringccl::buffer::DeviceSlice;
+use ringccl::DeviceSlice;
 use ringccl::{Communicator, DataType, Io, RedOp};
 
 use super::args::{self, nccl_dtype_name, Options};

@@ -41,7 +41,7 @@ use cudarc::driver::{
 /// This is all that validation looks at, so it can be tested without a GPU.
 ///
 /// ```
-/// use ringccl::buffer::RawBuf;
+/// use ringccl::RawBuf;
 /// let b = RawBuf::new(0x7000_0000, 256, 1);
 /// assert_eq!(b.byte_end(4), Some(0x7000_0000 + 1024));
 /// ```
@@ -72,7 +72,7 @@ impl RawBuf {
     /// accordingly (to 0 if `elems` is past the end).
     ///
     /// ```
-    /// use ringccl::buffer::RawBuf;
+    /// use ringccl::RawBuf;
     /// let b = RawBuf::new(0x1000, 10, 0);
     /// assert_eq!(b.offset(4, 8), Some(RawBuf::new(0x1000 + 32, 6, 0)));
     /// ```
@@ -99,7 +99,7 @@ impl RawBuf {
 /// anything else that the tracking methods do not order against the given stream.
 ///
 /// ```no_run
-/// use ringccl::buffer::DeviceSlice;
+/// use ringccl::DeviceSlice;
 /// let ctx = cudarc::driver::CudaContext::new(0)?;
 /// let buf = ctx.default_stream().alloc_zeros::<f32>(1024)?;
 /// let raw = DeviceSlice::<f32>::raw(&buf);
@@ -127,7 +127,7 @@ pub unsafe trait DeviceSlice<T> {
 /// As for [`DeviceSlice`], and the memory must be valid to write.
 ///
 /// ```no_run
-/// use ringccl::buffer::DeviceSlice;
+/// use ringccl::DeviceSlice;
 /// let ctx = cudarc::driver::CudaContext::new(0)?;
 /// let mut buf = ctx.default_stream().alloc_zeros::<u8>(64)?;
 /// let view = buf.slice_mut(16..32);
@@ -237,9 +237,7 @@ unsafe impl<T> DeviceSliceMut<T> for CudaViewMut<'_, T> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Io<'a, T> {
-    send: Option<RawBuf>,
-    recv: Option<RawBuf>,
-    in_place: bool,
+    args: RankArgs,
     send_buf: Option<&'a dyn DeviceSlice<T>>,
     recv_buf: Option<&'a mut dyn DeviceSliceMut<T>>,
 }
@@ -247,11 +245,8 @@ pub struct Io<'a, T> {
 impl<'a, T> Io<'a, T> {
     /// One buffer that is both input and output (NCCL's in-place layout for the collective).
     pub fn in_place<S: DeviceSliceMut<T> + 'a>(buf: &'a mut S) -> Self {
-        let raw = buf.raw();
         Io {
-            send: Some(raw),
-            recv: Some(raw),
-            in_place: true,
+            args: RankArgs::in_place(buf.raw()),
             send_buf: None,
             recv_buf: Some(buf),
         }
@@ -263,9 +258,7 @@ impl<'a, T> Io<'a, T> {
         recv: &'a mut R,
     ) -> Self {
         Io {
-            send: Some(send.raw()),
-            recv: Some(recv.raw()),
-            in_place: false,
+            args: RankArgs::out_of_place(send.raw(), recv.raw()),
             send_buf: Some(send),
             recv_buf: Some(recv),
         }
@@ -274,9 +267,7 @@ impl<'a, T> Io<'a, T> {
     /// Only an input (a root of broadcast or scatter, a non-root of reduce or gather).
     pub fn send_only<S: DeviceSlice<T> + 'a>(send: &'a S) -> Self {
         Io {
-            send: Some(send.raw()),
-            recv: None,
-            in_place: false,
+            args: RankArgs::send_only(send.raw()),
             send_buf: Some(send),
             recv_buf: None,
         }
@@ -285,9 +276,7 @@ impl<'a, T> Io<'a, T> {
     /// Only an output (a non-root of broadcast or scatter).
     pub fn recv_only<R: DeviceSliceMut<T> + 'a>(recv: &'a mut R) -> Self {
         Io {
-            send: None,
-            recv: Some(recv.raw()),
-            in_place: false,
+            args: RankArgs::recv_only(recv.raw()),
             send_buf: None,
             recv_buf: Some(recv),
         }
@@ -295,26 +284,22 @@ impl<'a, T> Io<'a, T> {
 
     /// The input buffer (for [`Io::in_place`], the one buffer).
     pub fn send(&self) -> Option<RawBuf> {
-        self.send
+        self.args.send
     }
 
     /// The output buffer (for [`Io::in_place`], the one buffer).
     pub fn recv(&self) -> Option<RawBuf> {
-        self.recv
+        self.args.recv
     }
 
     /// Whether this was built with [`Io::in_place`].
     pub fn is_in_place(&self) -> bool {
-        self.in_place
+        self.args.in_place
     }
 
     /// The plain description validation works on.
-    pub fn args(&self) -> RankArgs {
-        RankArgs {
-            send: self.send,
-            recv: self.recv,
-            in_place: self.in_place,
-        }
+    pub(crate) fn args(&self) -> RankArgs {
+        self.args
     }
 
     /// Enqueues on `stream` the waits for earlier tracked accesses of the buffers the call
@@ -351,7 +336,7 @@ impl<'a, T> Io<'a, T> {
         let recv = match (
             self.recv_buf.is_some(),
             uses_recv,
-            self.in_place && uses_send,
+            self.args.in_place && uses_send,
         ) {
             (true, true, _) => Track::Write,
             (true, false, true) => Track::Read,
@@ -372,17 +357,18 @@ enum Track {
 impl<T> std::fmt::Debug for Io<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Io")
-            .field("send", &self.send)
-            .field("recv", &self.recv)
-            .field("in_place", &self.in_place)
+            .field("send", &self.args.send)
+            .field("recv", &self.args.recv)
+            .field("in_place", &self.args.in_place)
             .finish()
     }
 }
 
-/// One rank's arguments as plain data: what [`crate::collectives`]' validation checks.
+/// One rank's arguments as plain data: what [`crate::api::validate`] checks.
 ///
 /// ```
-/// use ringccl::buffer::{RankArgs, RawBuf};
+/// use ringccl::internals::api::buffer::RankArgs;
+/// use ringccl::RawBuf;
 /// let b = RawBuf::new(0x1000, 8, 0);
 /// let a = RankArgs::in_place(b);
 /// assert_eq!((a.send, a.recv, a.in_place), (Some(b), Some(b), true));

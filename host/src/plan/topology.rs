@@ -19,10 +19,10 @@
 //!   20160 for 9); above that, a greedy nearest-neighbour ring and the identity are improved by
 //!   2-opt moves and the better is kept.
 //!
-//! [`parse_ring`] reads the `RINGCCL_RING` override ([`RING_ENV`]).
+//! `RINGCCL_RING` ([`Config::ring`](crate::Config::ring)) fixes the ring instead.
 //!
 //! ```
-//! use ringccl::topology::best_ring;
+//! use ringccl::internals::topology::best_ring;
 //! // Two NVLink pairs (0-2 and 1-3, score 10) joined by PCIe (score 2).
 //! let s = vec![
 //!     vec![0, 2, 10, 2],
@@ -33,20 +33,13 @@
 //! assert_eq!(best_ring(&s), vec![0, 1, 3, 2]); // uses 1-3 and 2-0
 //! ```
 
-use crate::{Arg, Error, Result};
-
-/// Environment variable that fixes the ring order, e.g. `RINGCCL_RING=0,2,1,3`: a
-/// comma-separated permutation of the ranks `0..n` (spaces allowed). Unset or empty: the
-/// communicator picks the ring with [`best_ring`].
-pub const RING_ENV: &str = "RINGCCL_RING";
-
 /// Rings of up to this many ranks are found by trying every ring.
 pub const EXHAUSTIVE_MAX: usize = 9;
 
 /// How good a ring is: compared by `weakest` link first, then by `total`.
 ///
 /// ```
-/// use ringccl::topology::{ring_quality, RingQuality};
+/// use ringccl::internals::topology::{ring_quality, RingQuality};
 /// let s = vec![vec![0, 5, 1], vec![5, 0, 3], vec![1, 3, 0]];
 /// assert_eq!(ring_quality(&s, &[0, 1, 2]), RingQuality { weakest: 1, total: 9 });
 /// ```
@@ -70,7 +63,7 @@ fn link(score: &[Vec<u32>], a: usize, b: usize) -> u32 {
 /// links: `weakest` is `u32::MAX` and `total` 0.
 ///
 /// ```
-/// use ringccl::topology::ring_quality;
+/// use ringccl::internals::topology::ring_quality;
 /// let s = vec![vec![0, 4], vec![2, 0]];
 /// let q = ring_quality(&s, &[0, 1]);
 /// assert_eq!((q.weakest, q.total), (2, 4)); // the link 0-1 counted both ways round
@@ -101,7 +94,7 @@ pub fn ring_quality(score: &[Vec<u32>], ring: &[usize]) -> RingQuality {
 /// as 0.
 ///
 /// ```
-/// use ringccl::topology::best_ring;
+/// use ringccl::internals::topology::best_ring;
 /// // Poor links 0-1 and 2-3, good links everywhere else.
 /// let s = vec![
 ///     vec![0, 1, 9, 9],
@@ -238,47 +231,29 @@ fn normalise(mut ring: Vec<usize>) -> Vec<usize> {
     ring
 }
 
-/// Parses a [`RING_ENV`] value for `n` ranks: `None` for an unset or blank value, the ring for a
-/// comma-separated permutation of `0..n`, and otherwise [`Error::InvalidArgument`]
-/// (argument [`Arg::Ranks`]) whose reason names the variable and the problem. The ring is used
-/// as given (not normalised).
-///
-/// ```
-/// use ringccl::topology::parse_ring;
-/// assert_eq!(parse_ring(Some("0, 2,1,3"), 4)?, Some(vec![0, 2, 1, 3]));
-/// assert_eq!(parse_ring(None, 4)?, None);
-/// assert!(parse_ring(Some("0,1,1,3"), 4).is_err());
-/// # Ok::<(), ringccl::Error>(())
-/// ```
-pub fn parse_ring(value: Option<&str>, n: usize) -> Result<Option<Vec<usize>>> {
-    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    let bad = |why: String| {
-        Error::invalid(
-            None,
-            Arg::Ranks,
-            format!("{RING_ENV}={v:?}: {why}; set it to a comma-separated permutation of 0..{n} or unset it"),
-        )
-    };
-    let mut ring = Vec::with_capacity(n);
-    for part in v.split(',') {
-        let p = part.trim();
-        let r: usize = p.parse().map_err(|_| bad(format!("{p:?} is not a rank")))?;
-        if r >= n {
-            return Err(bad(format!(
-                "rank {r} is out of range (there are {n} ranks)"
-            )));
-        }
-        if ring.contains(&r) {
-            return Err(bad(format!("rank {r} appears more than once")));
-        }
-        ring.push(r);
-    }
-    if ring.len() != n {
-        return Err(bad(format!("it lists {} of the {n} ranks", ring.len())));
-    }
-    Ok(Some(ring))
+/// The link scores the ring is chosen from: the driver's scores (`driver_scores[a][b]`) where
+/// rank `a` accesses rank `b`'s memory directly (`direct(a, b)`), 0 where it does not
+/// (disabled, unsupported, or refused), so without peer access every link scores the same and
+/// the ring is the identity. A short matrix counts as 0.
+pub fn reachable_scores(
+    driver_scores: &[Vec<u32>],
+    direct: impl Fn(usize, usize) -> bool,
+) -> Vec<Vec<u32>> {
+    let n = driver_scores.len();
+    (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| {
+                    let score = driver_scores.get(a).and_then(|r| r.get(b)).copied();
+                    if a != b && direct(a, b) {
+                        score.unwrap_or(0)
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -581,38 +556,23 @@ mod tests {
     }
 
     #[test]
-    fn ring_env_values() {
-        assert_eq!(parse_ring(None, 4), Ok(None));
-        assert_eq!(parse_ring(Some("  "), 4), Ok(None));
-        assert_eq!(parse_ring(Some("0,2,1,3"), 4), Ok(Some(vec![0, 2, 1, 3])));
-        assert_eq!(
-            parse_ring(Some(" 3, 1 ,0,2\n"), 4),
-            Ok(Some(vec![3, 1, 0, 2]))
-        );
-        assert_eq!(parse_ring(Some("0"), 1), Ok(Some(vec![0])));
-        for (v, why) in [
-            ("0,1,2", "lists 3 of the 4"),
-            ("0,1,2,3,0", "more than once"),
-            ("0,1,1,3", "more than once"),
-            ("0,1,2,4", "out of range"),
-            ("0,1,x,3", "\"x\" is not a rank"),
-            ("0,1,,2,3", "\"\" is not a rank"),
-            ("0,1,-2,3", "not a rank"),
-        ] {
-            let e = parse_ring(Some(v), 4).unwrap_err();
-            let msg = e.to_string();
-            assert!(
-                matches!(
-                    e,
-                    Error::InvalidArgument {
-                        rank: None,
-                        arg: Arg::Ranks,
-                        ..
-                    }
-                ),
-                "{v}: {e:?}"
-            );
-            assert!(msg.contains(RING_ENV) && msg.contains(why), "{v}: {msg}");
-        }
+    fn reachable_scores_keep_only_links_with_peer_access() {
+        let driver = vec![vec![0, 16, 9], vec![16, 0, 1], vec![9, 5, 0]];
+        // Rank 2 could not enable access to rank 1; the diagonal never counts.
+        let s = reachable_scores(&driver, |a, b| (a, b) != (2, 1));
+        assert_eq!(s, vec![vec![0, 16, 9], vec![16, 0, 1], vec![9, 0, 0]]);
+        // Peer access disabled everywhere: all links 0, so the best ring is the identity.
+        let driver4 = vec![
+            vec![0, 2, 16, 2],
+            vec![2, 0, 2, 16],
+            vec![16, 2, 0, 2],
+            vec![2, 16, 2, 0],
+        ];
+        let s = reachable_scores(&driver4, |a, b| a == b);
+        assert!(s.iter().flatten().all(|&x| x == 0));
+        assert_eq!(best_ring(&s), vec![0, 1, 2, 3]);
+        assert_eq!(best_ring(&reachable_scores(&driver4, |_, _| true)), vec![0, 1, 3, 2]);
+        // A ragged driver matrix does not panic.
+        assert_eq!(reachable_scores(&[vec![0], vec![]], |_, _| true), vec![vec![0, 0], vec![0, 0]]);
     }
 }

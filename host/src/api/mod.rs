@@ -1,0 +1,371 @@
+//! The public calls: collectives as methods on [`Communicator`].
+//!
+//! Every call goes the same way (read it top to bottom in [`Communicator::all_reduce`] →
+//! `Communicator::collective`):
+//! 1. **validate** ([`validate::validate`], [`send_recv::validate_send_recv`]): a pure function of
+//!    the buffers' addresses, lengths and devices, the streams' devices, the counts and the
+//!    root. A rejected call returns [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+//!    naming the rank and the problem, and nothing is enqueued;
+//! 2. **plan** ([`crate::plan`]): the algorithm (one-shot or ring), the chunk, and the ring
+//!    schedule for the collective, prepared once per call shape and cached;
+//! 3. **enqueue** ([`crate::exec`]) on the given streams, one per rank, through the
+//!    communicator's per-call handle. The call returns without waiting for the GPUs:
+//!    synchronise the streams before using the results.
+//!
+//! A count of 0 is valid and enqueues nothing (the other arguments are still checked). A
+//! communicator of one rank is valid too (a copy, or nothing for an in-place call). Buffer
+//! shapes and in-place layouts are NCCL's (table in [`validate`]).
+//!
+//! Streams are passed as a slice of anything that is `AsRef<CudaStream>`: the communicator's own
+//! ([`Communicator::streams`]), `[&Arc<CudaStream>]`, `Vec<Arc<CudaStream>>`…
+
+pub mod buffer;
+pub mod collective;
+pub mod send_recv;
+#[cfg(test)]
+mod test_util;
+pub mod validate;
+
+pub use buffer::{DeviceSlice, DeviceSliceMut, Io, RawBuf};
+pub use send_recv::SendRecv;
+
+use buffer::RankArgs;
+use collective::Collective;
+use validate::validate;
+
+use cudarc::driver::{CudaStream, SyncOnDrop};
+
+use crate::comm::Communicator;
+use crate::config::Algorithm;
+use crate::debug::report;
+use crate::dtype::DeviceElement;
+use crate::exec::{self, RankPtrs};
+use crate::plan::{tuning, ScheduleKey};
+use crate::schedule::Layout;
+use crate::{RedOp, Result};
+
+/// Device ordinals of the given streams.
+fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> Vec<usize> {
+    streams.iter().map(|s| s.as_ref().context().ordinal()).collect()
+}
+
+impl Communicator {
+    fn devices(&self) -> Vec<usize> {
+        (0..self.nranks()).map(|r| self.ordinal(r)).collect()
+    }
+
+    /// Validate, plan and enqueue one collective.
+    fn collective<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        c: Collective,
+        io: &mut [Io<'_, T>],
+        op: RedOp,
+        streams: &[S],
+    ) -> Result<()> {
+        // 1. Validate.
+        let size = T::DTYPE.size();
+        let devices = self.devices();
+        let args: Vec<RankArgs> = io.iter().map(Io::args).collect();
+        let checked = validate(c, &args, &devices, &stream_devices(streams), size)?;
+        if c.count() == 0 {
+            return Ok(());
+        }
+        // 2. Plan.
+        let n = devices.len();
+        let config = self.config();
+        let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
+        let algorithm = match c {
+            Collective::AllReduce { .. } => {
+                tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), config)
+            }
+            _ => Algorithm::Ring,
+        };
+        let ptrs: Vec<RankPtrs> = checked
+            .ptrs
+            .iter()
+            .map(|p| RankPtrs {
+                send: p.send,
+                recv: p.recv,
+            })
+            .collect();
+        let prepared = match algorithm {
+            Algorithm::OneShot => None,
+            Algorithm::Ring => {
+                let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
+                let key = ScheduleKey {
+                    kind: c.kind(),
+                    count: c.count(),
+                    layout: checked.layout,
+                    root: c.root(),
+                    chunk,
+                };
+                let (p, new) = self
+                    .plans()
+                    .get_or_build(key, || c.schedule(self.ring(), checked.layout, chunk))?;
+                if new {
+                    report!(
+                        config.debug,
+                        Info,
+                        "{} {} count {} {:?}: ring {:?}, chunk {chunk} elements, {} steps",
+                        c.name(),
+                        T::DTYPE.name(),
+                        c.count(),
+                        checked.layout,
+                        self.ring(),
+                        p.schedule.steps.len()
+                    );
+                }
+                Some(p)
+            }
+        };
+        report!(
+            config.debug,
+            Trace,
+            "{} {} count {} op {} {:?}: {algorithm}",
+            c.name(),
+            T::DTYPE.name(),
+            c.count(),
+            op.name(),
+            checked.layout
+        );
+        // 3. Enqueue. cudarc's event tracking (see `buffer`): wait for earlier tracked accesses
+        // now, record this call's accesses when the guards drop, after everything is enqueued.
+        // (A one-shot rank's kernel ends only after every peer is done reading its input, so
+        // the record on its own stream covers the call too.)
+        let guards: Vec<[SyncOnDrop<'_>; 2]> = io
+            .iter_mut()
+            .zip(streams)
+            .zip(&checked.ptrs)
+            .map(|((io, s), p)| io.track(s.as_ref(), p.reads_send, p.writes_recv))
+            .collect();
+        let mut call = self.begin_call();
+        let result = match &prepared {
+            Some(p) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams),
+            None => {
+                let in_place = checked.layout != Layout::OutOfPlace;
+                exec::oneshot::execute(&mut call, T::DTYPE, op, &ptrs, in_place, c.count(), streams)
+            }
+        };
+        drop(call);
+        drop(guards);
+        result
+    }
+
+    /// All-reduce: every rank's output gets the reduction (`op`) over ranks of their `count`
+    /// inputs. `io[r]` and `streams[r]` belong to rank `r`; each rank needs `count` elements
+    /// of input and output, or one buffer in place.
+    ///
+    /// Returns once the work is enqueued: synchronise the streams before using the results.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io, RedOp};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let send = (0..n).map(|r| comm.stream(r).clone_htod(&[1.0f32; 64])).collect::<Result<Vec<_>, _>>()?;
+    /// let mut recv = (0..n).map(|r| comm.stream(r).alloc_zeros::<f32>(64)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = send.iter().zip(recv.iter_mut()).map(|(s, r)| Io::out_of_place(s, r)).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.all_reduce(&mut io, 64, RedOp::Avg, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn all_reduce<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        count: usize,
+        op: RedOp,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(Collective::AllReduce { count }, io, op, streams)
+    }
+
+    /// Reduce-scatter: rank `r`'s output (`recvcount` elements) gets block `r` of the reduction
+    /// over ranks of their inputs (`nranks * recvcount` elements each). In place: the buffer is
+    /// the input and rank `r`'s output is its block `r`.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io, RedOp};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let mut bufs = (0..n).map(|r| comm.stream(r).alloc_zeros::<f32>(n * 32)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = bufs.iter_mut().map(Io::in_place).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.reduce_scatter(&mut io, 32, RedOp::Sum, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reduce_scatter<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        recvcount: usize,
+        op: RedOp,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(Collective::ReduceScatter { recvcount }, io, op, streams)
+    }
+
+    /// All-gather: every rank's output (`nranks * sendcount` elements) gets every rank's input
+    /// (`sendcount` elements), in rank order. In place: the buffer is the output, holding
+    /// rank `r`'s input at element `r * sendcount`.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let mut bufs = (0..n).map(|r| comm.stream(r).alloc_zeros::<u8>(n * 100)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = bufs.iter_mut().map(Io::in_place).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.all_gather(&mut io, 100, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn all_gather<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        sendcount: usize,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(Collective::AllGather { sendcount }, io, RedOp::Sum, streams)
+    }
+
+    /// Broadcast: every rank's output gets the root's `count` input elements. The root gives
+    /// an input ([`Io::send_only`], or an output too, or one buffer in place); the others give
+    /// an output ([`Io::recv_only`]).
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let mut bufs = (0..n).map(|r| comm.stream(r).alloc_zeros::<f64>(10)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = bufs.iter_mut().map(Io::in_place).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.broadcast(&mut io, 10, 0, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn broadcast<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        count: usize,
+        root: usize,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(
+            Collective::Broadcast { count, root },
+            io,
+            RedOp::Sum,
+            streams,
+        )
+    }
+
+    /// Reduce: the root's output gets the reduction over ranks of their `count` inputs. Every
+    /// rank gives an input; the root also an output (or one buffer in place).
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io, RedOp};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let mut bufs = (0..n).map(|r| comm.stream(r).alloc_zeros::<i32>(10)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = bufs.iter_mut().map(Io::in_place).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.reduce(&mut io, 10, RedOp::Max, 0, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reduce<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        count: usize,
+        op: RedOp,
+        root: usize,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(Collective::Reduce { count, root }, io, op, streams)
+    }
+
+    /// All-to-all: block `j` (`count_per_peer` elements) of rank `i`'s input goes to block `i`
+    /// of rank `j`'s output; both buffers hold `nranks * count_per_peer` elements. Out of place
+    /// only (as in NCCL).
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let send = (0..n).map(|r| comm.stream(r).alloc_zeros::<f32>(n * 8)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut recv = (0..n).map(|r| comm.stream(r).alloc_zeros::<f32>(n * 8)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = send.iter().zip(recv.iter_mut()).map(|(s, r)| Io::out_of_place(s, r)).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.all_to_all(&mut io, 8, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn all_to_all<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        count_per_peer: usize,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(
+            Collective::AllToAll { count_per_peer },
+            io,
+            RedOp::Sum,
+            streams,
+        )
+    }
+
+    /// Gather: the root's output (`nranks * sendcount` elements) gets every rank's input
+    /// (`sendcount` elements), in rank order. In place on the root: the output buffer, holding
+    /// the root's input at element `root * sendcount`.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let send = (0..n).map(|r| comm.stream(r).alloc_zeros::<f32>(4)).collect::<Result<Vec<_>, _>>()?;
+    /// let mut out = comm.stream(0).alloc_zeros::<f32>(n * 4)?;
+    /// let mut io = vec![Io::out_of_place(&send[0], &mut out)];
+    /// io.extend(send[1..].iter().map(Io::send_only));
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.gather(&mut io, 4, 0, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn gather<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        sendcount: usize,
+        root: usize,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(
+            Collective::Gather { sendcount, root },
+            io,
+            RedOp::Sum,
+            streams,
+        )
+    }
+
+    /// Scatter: rank `r`'s output (`recvcount` elements) gets block `r` of the root's input
+    /// (`nranks * recvcount` elements). In place on the root: the input buffer, whose block
+    /// `root` is the root's output.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, Io};
+    /// let comm = Communicator::all()?;
+    /// let n = comm.nranks();
+    /// let mut bufs = (0..n)
+    ///     .map(|r| comm.stream(r).alloc_zeros::<f32>(if r == 0 { n * 4 } else { 4 }))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let mut io: Vec<_> = bufs.iter_mut().map(Io::in_place).collect();
+    /// let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
+    /// comm.scatter(&mut io, 4, 0, &streams)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scatter<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        io: &mut [Io<'_, T>],
+        recvcount: usize,
+        root: usize,
+        streams: &[S],
+    ) -> Result<()> {
+        self.collective(
+            Collective::Scatter { recvcount, root },
+            io,
+            RedOp::Sum,
+            streams,
+        )
+    }
+}

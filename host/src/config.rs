@@ -1,0 +1,457 @@
+//! Every knob of ringccl in one place: [`Config`], built by code or read from the environment
+//! with one policy ([`Config::from_env`]: a variable that is set but not understood is an error
+//! naming it; nothing is re-read later).
+//!
+//! | variable | field | default | meaning |
+//! | --- | --- | --- | --- |
+//! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`) |
+//! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
+//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring` or `oneshot`: force the all-reduce algorithm where it can run |
+//! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
+//! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
+//! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
+//! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
+//! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
+//!
+//! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
+//! defaults and how they were measured are in `docs/perf/`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, Result};
+
+/// Default of [`Config::oneshot_max_bytes`].
+pub const DEFAULT_ONESHOT_MAX_BYTES: usize = 256 * 1024;
+/// Default of [`Config::peer_blocks`]: NVLink peer reads peaked at 64 blocks of 512 threads on
+/// an H200 and fell with more (`docs/perf/ceilings.md`).
+pub const DEFAULT_PEER_BLOCKS: u32 = 64;
+
+/// How an all-reduce runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// The ring schedule: one kernel per step, ordered by events between the ranks' streams.
+    Ring,
+    /// One kernel per rank that reads every rank's input directly, ordered by a device-side
+    /// barrier (small messages: no events, one launch per rank; 2 to 8 ranks with peer access
+    /// between every pair).
+    OneShot,
+}
+
+impl Algorithm {
+    /// The name used by `RINGCCL_ALGO` and in logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::OneShot => "oneshot",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+
+    /// `ring` or `oneshot` (also `one-shot`, `one_shot`), any case, blanks around ignored.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ring" => Ok(Algorithm::Ring),
+            "oneshot" | "one-shot" | "one_shot" => Ok(Algorithm::OneShot),
+            _ => Err("expected `ring` or `oneshot`".into()),
+        }
+    }
+}
+
+/// What ringccl reports on stderr (each line starts with `ringccl`), like `NCCL_DEBUG`. Every
+/// message also goes to the [`log`] facade (target `ringccl`), whatever this level.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DebugLevel {
+    /// Nothing.
+    #[default]
+    Off,
+    /// Problems ringccl works around (a peer pair that refuses peer access, an algorithm forced
+    /// where it cannot run).
+    Warn,
+    /// Also the communicator's setup (devices, peer access, ring order) and, for each new call
+    /// shape, the algorithm, chunk and step count chosen.
+    Info,
+    /// Also every call.
+    Trace,
+}
+
+impl FromStr for DebugLevel {
+    type Err = String;
+
+    /// `off` (or `0`, `none`), `warn`, `info` (or `1`), `trace`; any case.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "off" | "0" | "none" => Ok(DebugLevel::Off),
+            "warn" | "warning" => Ok(DebugLevel::Warn),
+            "info" | "1" => Ok(DebugLevel::Info),
+            "trace" => Ok(DebugLevel::Trace),
+            _ => Err("expected `off`, `warn`, `info` or `trace`".into()),
+        }
+    }
+}
+
+/// The settings of a communicator. `Config::default()` is what a user gets without any
+/// environment variable; [`Config::from_env`] applies the `RINGCCL_*` variables (module docs).
+///
+/// ```
+/// use ringccl::{Algorithm, Config};
+/// let mut config = Config::default();
+/// config.algorithm = Some(Algorithm::Ring);
+/// config.peer_blocks = 32;
+/// assert_eq!(config.oneshot_max_bytes, 256 * 1024);
+/// // Communicator::with_config(&[0, 1], config) would use it.
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// No direct peer access between GPUs: every cross-GPU transfer is a staged copy.
+    pub p2p_disable: bool,
+    /// The ring order (a permutation of the ranks), or `None` to choose it from the topology.
+    pub ring: Option<Vec<usize>>,
+    /// Force the all-reduce algorithm where it can run, or `None` to choose per call.
+    pub algorithm: Option<Algorithm>,
+    /// All-reduces of at most this many bytes per rank run one-shot (when they can).
+    pub oneshot_max_bytes: usize,
+    /// Most bytes one ring step moves, or `None` for the size-dependent default.
+    pub chunk_bytes: Option<usize>,
+    /// Most blocks of a step that reads or writes a peer's memory in one direction.
+    pub peer_blocks: u32,
+    /// Most blocks of a step that reads and writes a peer's memory, or `None` for one per SM
+    /// of the GPU: the 2-rank all-reduce's reduce-copy (peer input in, result out to the peer)
+    /// reached 314 / 330 / 340 GB/s at 1 GiB on 2 × H200 (132 SMs) with 32 / 64 / 132 blocks
+    /// (`docs/perf/README.md`).
+    pub peer_duplex_blocks: Option<u32>,
+    /// What is reported on stderr.
+    pub debug: DebugLevel,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            p2p_disable: false,
+            ring: None,
+            algorithm: None,
+            oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
+            chunk_bytes: None,
+            peer_blocks: DEFAULT_PEER_BLOCKS,
+            peer_duplex_blocks: None,
+            debug: DebugLevel::Off,
+        }
+    }
+}
+
+/// Every variable [`Config::from_env`] reads.
+pub const ENV_VARS: [&str; 8] = [
+    "RINGCCL_P2P_DISABLE",
+    "RINGCCL_RING",
+    "RINGCCL_ALGO",
+    "RINGCCL_ONESHOT_MAX_BYTES",
+    "RINGCCL_CHUNK_BYTES",
+    "RINGCCL_PEER_BLOCKS",
+    "RINGCCL_PEER_DUPLEX_BLOCKS",
+    "RINGCCL_DEBUG",
+];
+
+impl Config {
+    /// The default configuration with the `RINGCCL_*` environment variables applied (table in
+    /// the module docs). A variable that is set but not understood (or not Unicode) is an
+    /// [`Error::Config`] naming it.
+    ///
+    /// ```
+    /// let config = ringccl::Config::from_env()?;
+    /// println!("{config:?}");
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| match std::env::var_os(name) {
+            None => Ok(None),
+            Some(v) => v.into_string().map(Some).map_err(|v| Error::Config {
+                variable: name.to_string(),
+                value: v.to_string_lossy().into_owned(),
+                reason: "not valid Unicode".into(),
+            }),
+        })
+    }
+
+    /// [`Config::from_env`] over any source of variables (`lookup(name)`: the value if set).
+    ///
+    /// ```
+    /// use ringccl::{Config, DebugLevel, Error};
+    /// let vars = |name: &str| Ok(match name {
+    ///     "RINGCCL_PEER_BLOCKS" => Some("32".to_string()),
+    ///     "RINGCCL_DEBUG" => Some("info".to_string()),
+    ///     _ => None,
+    /// });
+    /// let c = Config::from_lookup(vars)?;
+    /// assert_eq!((c.peer_blocks, c.debug), (32, DebugLevel::Info));
+    ///
+    /// let bad = Config::from_lookup(|n: &str| Ok((n == "RINGCCL_ALGO").then(|| "tree".to_string())));
+    /// assert!(matches!(bad, Err(Error::Config { variable, .. }) if variable == "RINGCCL_ALGO"));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn from_lookup(mut lookup: impl FnMut(&str) -> Result<Option<String>>) -> Result<Self> {
+        let mut c = Config::default();
+        let mut get = |name: &str| -> Result<Option<String>> {
+            Ok(lookup(name)?.filter(|v| !v.trim().is_empty()))
+        };
+        fn parse<T>(
+            name: &str,
+            value: Option<String>,
+            f: impl FnOnce(&str) -> std::result::Result<T, String>,
+        ) -> Result<Option<T>> {
+            value
+                .map(|v| {
+                    f(v.trim()).map_err(|reason| Error::Config {
+                        variable: name.to_string(),
+                        value: v.clone(),
+                        reason,
+                    })
+                })
+                .transpose()
+        }
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug] = ENV_VARS;
+        if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
+            c.p2p_disable = v;
+        }
+        c.ring = parse(ring, get(ring)?, parse_list)?;
+        c.algorithm = parse(algo, get(algo)?, str::parse)?;
+        if let Some(v) = parse(oneshot, get(oneshot)?, |s| parse_bytes(s, true))? {
+            c.oneshot_max_bytes = v;
+        }
+        c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
+        if let Some(v) = parse(peer, get(peer)?, parse_blocks)? {
+            c.peer_blocks = v;
+        }
+        c.peer_duplex_blocks = parse(duplex, get(duplex)?, parse_blocks)?;
+        if let Some(v) = parse(debug, get(debug)?, str::parse)? {
+            c.debug = v;
+        }
+        Ok(c)
+    }
+
+    /// Checks the fields that cannot be checked field by field, for a communicator of `nranks`
+    /// ranks: the ring is a permutation of `0..nranks`, counts are positive.
+    pub(crate) fn check(&self, nranks: usize) -> Result<()> {
+        let bad = |variable: &str, value: String, reason: String| Error::Config {
+            variable: variable.to_string(),
+            value,
+            reason,
+        };
+        if let Some(ring) = &self.ring {
+            let mut seen = vec![false; nranks];
+            let mut problem = (ring.len() != nranks)
+                .then(|| format!("it lists {} of the {nranks} ranks", ring.len()));
+            for &r in ring {
+                if problem.is_some() {
+                    break;
+                }
+                if r >= nranks {
+                    problem = Some(format!(
+                        "rank {r} is out of range (there are {nranks} ranks)"
+                    ));
+                } else if std::mem::replace(&mut seen[r], true) {
+                    problem = Some(format!("rank {r} appears more than once"));
+                }
+            }
+            if let Some(why) = problem {
+                let list: Vec<String> = ring.iter().map(|r| r.to_string()).collect();
+                return Err(bad(
+                    "RINGCCL_RING",
+                    list.join(","),
+                    format!("{why}; give a comma-separated permutation of 0..{nranks}"),
+                ));
+            }
+        }
+        if self.chunk_bytes == Some(0) {
+            return Err(bad(
+                "RINGCCL_CHUNK_BYTES",
+                "0".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        for (name, v) in [
+            ("RINGCCL_PEER_BLOCKS", Some(self.peer_blocks)),
+            ("RINGCCL_PEER_DUPLEX_BLOCKS", self.peer_duplex_blocks),
+        ] {
+            let Some(v) = v else { continue };
+            if v == 0 {
+                return Err(bad(name, "0".into(), "must be at least 1".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_bool(s: &str) -> std::result::Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("expected 1 or 0".into()),
+    }
+}
+
+fn parse_list(s: &str) -> std::result::Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| "expected a comma-separated list of ranks, e.g. 0,2,1,3".into())
+}
+
+/// A byte count with an optional `K`/`M`/`G` suffix (powers of 1024).
+fn parse_bytes(s: &str, zero_ok: bool) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 10),
+        Some('M') => (&s[..s.len() - 1], 20),
+        Some('G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let v = digits
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(1usize << shift))
+        .ok_or_else(|| "expected a byte count such as 262144 or 256K".to_string())?;
+    if v == 0 && !zero_ok {
+        return Err("must be at least 1".into());
+    }
+    Ok(v)
+}
+
+fn parse_blocks(s: &str) -> std::result::Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err("expected a block count of at least 1".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Config> {
+        Config::from_lookup(|name| {
+            Ok(vars
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string()))
+        })
+    }
+
+    fn err_var(r: Result<Config>) -> String {
+        match r {
+            Err(Error::Config { variable, .. }) => variable,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_set_is_the_default() {
+        assert_eq!(from(&[]).unwrap(), Config::default());
+        // Set but empty counts as unset.
+        assert_eq!(from(&[("RINGCCL_ALGO", " ")]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = from(&[
+            ("RINGCCL_P2P_DISABLE", "1"),
+            ("RINGCCL_RING", "0, 2,1,3"),
+            ("RINGCCL_ALGO", "OneShot"),
+            ("RINGCCL_ONESHOT_MAX_BYTES", "64K"),
+            ("RINGCCL_CHUNK_BYTES", "2M"),
+            ("RINGCCL_PEER_BLOCKS", "32"),
+            ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
+            ("RINGCCL_DEBUG", "trace"),
+        ])
+        .unwrap();
+        assert!(c.p2p_disable);
+        assert_eq!(c.ring, Some(vec![0, 2, 1, 3]));
+        assert_eq!(c.algorithm, Some(Algorithm::OneShot));
+        assert_eq!(c.oneshot_max_bytes, 64 << 10);
+        assert_eq!(c.chunk_bytes, Some(2 << 20));
+        assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));
+        assert_eq!(c.debug, DebugLevel::Trace);
+        assert_eq!(
+            from(&[("RINGCCL_ONESHOT_MAX_BYTES", "0")])
+                .unwrap()
+                .oneshot_max_bytes,
+            0
+        );
+        assert!(!from(&[("RINGCCL_P2P_DISABLE", "0")]).unwrap().p2p_disable);
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        for (name, value) in [
+            ("RINGCCL_P2P_DISABLE", "maybe"),
+            ("RINGCCL_RING", "0,x"),
+            ("RINGCCL_ALGO", "tree"),
+            ("RINGCCL_ONESHOT_MAX_BYTES", "-1"),
+            ("RINGCCL_CHUNK_BYTES", "0"),
+            ("RINGCCL_CHUNK_BYTES", "99999999999999999999G"),
+            ("RINGCCL_PEER_BLOCKS", "0"),
+            ("RINGCCL_PEER_DUPLEX_BLOCKS", "lots"),
+            ("RINGCCL_DEBUG", "verbose"),
+        ] {
+            assert_eq!(err_var(from(&[(name, value)])), name, "{name}={value}");
+        }
+        let e = from(&[("RINGCCL_ALGO", "tree")]).unwrap_err().to_string();
+        assert!(e.contains("RINGCCL_ALGO") && e.contains("tree"), "{e}");
+        // A lookup failure (a value that is not Unicode) is passed through.
+        let e = Config::from_lookup(|_| {
+            Err(Error::Config {
+                variable: "RINGCCL_RING".into(),
+                value: "?".into(),
+                reason: "not valid Unicode".into(),
+            })
+        });
+        assert_eq!(err_var(e), "RINGCCL_RING");
+    }
+
+    #[test]
+    fn ring_is_checked_against_the_rank_count() {
+        let mut c = Config::default();
+        assert!(c.check(4).is_ok());
+        c.ring = Some(vec![0, 2, 1, 3]);
+        assert!(c.check(4).is_ok());
+        for (bad, why) in [
+            (vec![0, 1, 2], "lists 3 of the 4"),
+            (vec![0, 1, 2, 2], "more than once"),
+            (vec![0, 1, 2, 4], "out of range"),
+        ] {
+            c.ring = Some(bad.clone());
+            let e = c.check(4).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad:?}: {e}");
+            assert_eq!(err_var(Err(e)), "RINGCCL_RING", "{bad:?}");
+        }
+        let c = Config {
+            peer_blocks: 0,
+            ..Config::default()
+        };
+        assert_eq!(
+            err_var(c.check(2).map(|_| Config::default())),
+            "RINGCCL_PEER_BLOCKS"
+        );
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(" one-shot\n".parse(), Ok(Algorithm::OneShot));
+        assert_eq!("RING".parse(), Ok(Algorithm::Ring));
+        for a in [Algorithm::Ring, Algorithm::OneShot] {
+            assert_eq!(a.name().parse(), Ok(a));
+        }
+        assert_eq!("1".parse(), Ok(DebugLevel::Info));
+        assert!(DebugLevel::Trace > DebugLevel::Info && DebugLevel::Info > DebugLevel::Warn);
+    }
+}

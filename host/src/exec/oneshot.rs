@@ -1,0 +1,115 @@
+//! The one-shot executor: a small all-reduce as ONE kernel per rank (see
+//! `gpu_kernels::oneshot`). On each rank's stream: a wait for the communicator's previous call
+//! on that rank, one kernel (one block that reads every rank's input directly and meets the
+//! other ranks' kernels at a device-side barrier), and the record of the end-of-call event. No
+//! event crosses GPUs.
+//!
+//! While capturing into a CUDA graph, the previous call's end is neither waited on nor recorded
+//! (see [`crate::exec`]); the kernels keep their epoch on the device, so replays of the graph
+//! stay in step.
+
+use cudarc::driver::CudaStream;
+use gpu_kernels::oneshot::MAX_RANKS;
+
+use super::{capturing, internal, record, scratch_for_call, wait, RankPtrs};
+use crate::driver::launch::OneShotArgs;
+use crate::resources::Call;
+use crate::{DataType, RedOp, Result};
+
+/// Enqueues a one-shot all-reduce of `count` elements. `ptrs[r].send` is rank `r`'s input and
+/// `ptrs[r].recv` its output; `in_place` when they are equal on every rank: each rank's result
+/// is then staged in its scratch (`count` elements) until every peer is done reading its input.
+/// The caller checks that one-shot is possible (2 to `MAX_RANKS` ranks, peer access between
+/// every pair: [`crate::plan::tuning::all_reduce_algorithm`]).
+#[allow(clippy::too_many_arguments)]
+pub fn execute<S: AsRef<CudaStream>>(
+    call: &mut Call<'_>,
+    dtype: DataType,
+    op: RedOp,
+    ptrs: &[RankPtrs],
+    in_place: bool,
+    count: usize,
+    streams: &[S],
+) -> Result<()> {
+    let n = call.nranks();
+    if ptrs.len() != n || streams.len() != n || !(2..=MAX_RANKS).contains(&n) {
+        return Err(internal(format!(
+            "one-shot all-reduce of {n} ranks with {} buffers and {} streams",
+            ptrs.len(),
+            streams.len()
+        )));
+    }
+    if count == 0 {
+        return Ok(());
+    }
+    let bytes = count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| internal(format!("{count} elements overflow")))?;
+    let mut flags = [0u64; MAX_RANKS];
+    let mut srcs = [0u64; MAX_RANKS];
+    for r in 0..n {
+        flags[r] = call.rank(r)?.flags.ptr;
+        srcs[r] = ptrs[r].send;
+    }
+    let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
+
+    let capturing = capturing(streams)?;
+    let mut tmp = [None; MAX_RANKS];
+    if in_place {
+        for (r, t) in tmp.iter_mut().take(n).enumerate() {
+            *t = Some(scratch_for_call(call, r, bytes, capturing)?);
+        }
+    }
+
+    // Everything that can fail without a launch is checked for every rank first: a one-shot
+    // kernel launched on some ranks only would wait for the others at its barrier.
+    for r in 0..n {
+        call.rank(r)?.kernels.oneshot_ready(dtype, op, n)?;
+        call.end_event(r)?;
+    }
+    let mut launched = 0usize;
+    let mut issue = || -> Result<()> {
+        for (r, stream) in streams.iter().enumerate() {
+            let stream = stream.as_ref();
+            if !capturing {
+                wait(stream, call.end_event(r)?, r)?;
+            }
+            let args = OneShotArgs {
+                srcs: &srcs[..n],
+                dst: ptrs[r].recv,
+                tmp: tmp[r],
+                count,
+                postdiv,
+                flags: &flags[..n],
+                rank: r,
+            };
+            // SAFETY: the collective validated every rank's `count`-element buffers (inputs
+            // and outputs on their own devices, outputs not partially overlapping inputs);
+            // `tmp` is `count` elements of rank `r`'s scratch, sized above; the flag arrays
+            // are the communicator's, alive until its drop waits for this call's end; the
+            // caller checked peer access between every pair of ranks.
+            unsafe { call.rank(r)?.kernels.launch_oneshot(stream, dtype, op, &args)? };
+            launched += 1;
+            if !capturing {
+                record(call.end_event(r)?, stream, r)?;
+            }
+        }
+        Ok(())
+    };
+    let issued = issue();
+    if issued.is_err() && launched > 0 {
+        // The launched ranks' device epochs have moved on without the others: never pair them
+        // again through the device barrier.
+        call.disable_oneshot();
+    }
+    if issued.is_err() && !capturing {
+        // Best effort, as in the ring executor. A rank whose kernel went out without its peers'
+        // traps after `gpu_kernels::oneshot::TIMEOUT_NS` instead of hanging.
+        for (r, stream) in streams.iter().enumerate() {
+            if let Ok(end) = call.end_event(r) {
+                let _ = end.record(stream.as_ref());
+            }
+        }
+    }
+    issued
+}

@@ -1,0 +1,214 @@
+//! The policy: the few numbers that shape a call's schedule and launches, as pure functions of
+//! the call, the communicator's shape and its [`Config`]. Nothing here reads the environment
+//! (that is [`Config::from_env`]) or touches a GPU.
+
+use crate::config::{Algorithm, Config};
+use crate::DataType;
+
+/// Smallest step worth a launch of its own for pipelined rings (3+ ranks).
+pub const MIN_CHUNK_BYTES: usize = 512 * 1024;
+
+/// Pipeline depth aimed at for rings of 3+ ranks: each segment is cut into this many steps
+/// (fewer when that would go under [`MIN_CHUNK_BYTES`]).
+pub const PIPELINE_CHUNKS: usize = 8;
+
+/// Blocks per SM of a step that touches only its own GPU's memory (HBM saturates there).
+pub const LOCAL_BLOCKS_PER_SM: u32 = 2;
+
+/// Where a step's memory traffic goes, which decides how many blocks are worth launching.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Traffic {
+    /// All pointers are on the launching GPU.
+    Local,
+    /// Some pointer is on another GPU, read or written in one direction.
+    Peer,
+    /// The step both reads and writes another GPU's memory (both directions of the link).
+    PeerDuplex,
+}
+
+/// The most blocks of a launch, per [`Traffic`], on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCaps {
+    /// [`Traffic::Local`]: [`LOCAL_BLOCKS_PER_SM`] × SMs.
+    pub local: u32,
+    /// [`Traffic::Peer`]: [`Config::peer_blocks`], at most `local`.
+    pub peer: u32,
+    /// [`Traffic::PeerDuplex`]: [`Config::peer_duplex_blocks`] (default one per SM), at most
+    /// `local`.
+    pub peer_duplex: u32,
+}
+
+impl BlockCaps {
+    /// The caps for a GPU with `sm_count` SMs.
+    pub fn new(sm_count: u32, config: &Config) -> Self {
+        let local = sm_count.saturating_mul(LOCAL_BLOCKS_PER_SM).max(1);
+        let duplex = config.peer_duplex_blocks.unwrap_or(sm_count);
+        BlockCaps {
+            local,
+            peer: config.peer_blocks.clamp(1, local),
+            peer_duplex: duplex.clamp(1, local),
+        }
+    }
+
+    /// The cap for a step with `traffic`.
+    pub fn for_traffic(&self, traffic: Traffic) -> u32 {
+        match traffic {
+            Traffic::Local => self.local,
+            Traffic::Peer => self.peer,
+            Traffic::PeerDuplex => self.peer_duplex,
+        }
+    }
+}
+
+/// The most bytes one schedule step moves, for a message whose largest buffer has `bytes`
+/// bytes, over `nranks` ranks ([`Config::chunk_bytes`] overrides).
+///
+/// Two ranks: one step per rank (each rank's steps depend on nothing but the call's start, so
+/// cutting them only adds launches). Three or more: each rank's segment (`bytes / nranks`) in
+/// [`PIPELINE_CHUNKS`] steps so the ring pipelines, but no step under [`MIN_CHUNK_BYTES`].
+pub fn chunk_bytes(bytes: usize, nranks: usize, config: &Config) -> usize {
+    if let Some(v) = config.chunk_bytes {
+        return v.max(1);
+    }
+    let segment = bytes.div_ceil(nranks.max(1)).max(1);
+    if nranks <= 2 {
+        segment
+    } else {
+        (segment / PIPELINE_CHUNKS).max(MIN_CHUNK_BYTES)
+    }
+}
+
+/// The chunk in elements (maximum elements per schedule step): [`chunk_bytes`] in elements,
+/// never more than one rank's segment (nothing to pipeline then), never 0.
+pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config) -> usize {
+    let size = dtype.size();
+    let max = (chunk_bytes(bytes, nranks, config) / size).max(1);
+    let segment = bytes.div_ceil(size).div_ceil(nranks.max(1));
+    segment.clamp(1, max)
+}
+
+/// The algorithm of an all-reduce of `bytes` bytes per rank over `nranks` ranks.
+///
+/// One-shot needs 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks and `oneshot_possible` (direct
+/// peer access between every pair, no earlier failed one-shot call); without those it is never
+/// chosen, not even when [`Config::algorithm`] forces it. Otherwise the forced algorithm wins,
+/// and unforced calls run one-shot up to [`Config::oneshot_max_bytes`].
+pub fn all_reduce_algorithm(
+    bytes: usize,
+    nranks: usize,
+    oneshot_possible: bool,
+    config: &Config,
+) -> Algorithm {
+    let possible =
+        (2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) && oneshot_possible;
+    if !possible {
+        return Algorithm::Ring;
+    }
+    match config.algorithm {
+        Some(a) => a,
+        None if bytes <= config.oneshot_max_bytes => Algorithm::OneShot,
+        None => Algorithm::Ring,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Algorithm::*;
+
+    const MAX: usize = crate::config::DEFAULT_ONESHOT_MAX_BYTES;
+
+    fn forced(a: Option<Algorithm>) -> Config {
+        Config {
+            algorithm: a,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn small_messages_run_one_shot_up_to_the_threshold() {
+        let c = Config::default();
+        for n in 2..=8 {
+            for bytes in [1, 8, 4096, 64 << 10, MAX - 1, MAX] {
+                assert_eq!(all_reduce_algorithm(bytes, n, true, &c), OneShot, "{bytes} B, {n} ranks");
+            }
+            for bytes in [MAX + 1, 1 << 20, usize::MAX] {
+                assert_eq!(all_reduce_algorithm(bytes, n, true, &c), Ring);
+            }
+        }
+        // The threshold is configurable.
+        let mut c = Config {
+            oneshot_max_bytes: 4095,
+            ..Config::default()
+        };
+        assert_eq!(all_reduce_algorithm(4096, 2, true, &c), Ring);
+        c.oneshot_max_bytes = 4096;
+        assert_eq!(all_reduce_algorithm(4096, 2, true, &c), OneShot);
+    }
+
+    #[test]
+    fn one_shot_needs_two_to_eight_ranks_and_full_peer_access() {
+        for a in [None, Some(OneShot), Some(Ring)] {
+            let c = forced(a);
+            for n in [0, 1, 9, 16] {
+                assert_eq!(all_reduce_algorithm(64, n, true, &c), Ring);
+            }
+            assert_eq!(all_reduce_algorithm(64, 2, false, &c), Ring);
+            assert_eq!(all_reduce_algorithm(64, 8, false, &c), Ring);
+        }
+    }
+
+    #[test]
+    fn the_override_wins_where_one_shot_is_possible() {
+        assert_eq!(all_reduce_algorithm(64, 2, true, &forced(Some(Ring))), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 30, 4, true, &forced(Some(OneShot))), OneShot);
+    }
+
+    #[test]
+    fn chunk_is_bounded_and_positive() {
+        let c = Config::default();
+        assert_eq!(chunk_bytes(1 << 30, 2, &c), 1 << 29);
+        assert_eq!(chunk_bytes(1 << 30, 4, &c), (1 << 28) / 8);
+        assert_eq!(chunk_bytes(4096, 4, &c), MIN_CHUNK_BYTES);
+        assert_eq!(chunk_elems(1 << 30, 2, DataType::F32, &c), (1 << 29) / 4);
+        assert_eq!(chunk_elems(4096, 4, DataType::F32, &c), 256);
+        assert_eq!(chunk_elems(0, 4, DataType::F64, &c), 1);
+        for dt in DataType::ALL {
+            for n in 1..=9 {
+                for bytes in [0, 1, 7, 4096, 1 << 20, 1 << 30] {
+                    let k = chunk_elems(bytes, n, dt, &c);
+                    assert!(k >= 1);
+                    assert!(k <= bytes.div_ceil(dt.size()).div_ceil(n).max(1));
+                }
+            }
+        }
+        let c = Config {
+            chunk_bytes: Some(1000),
+            ..Config::default()
+        };
+        assert_eq!(chunk_bytes(1 << 30, 4, &c), 1000);
+        assert_eq!(chunk_elems(1 << 30, 4, DataType::F64, &c), 125);
+    }
+
+    #[test]
+    fn block_caps_follow_the_sm_count_and_config() {
+        let c = Config::default();
+        let caps = BlockCaps::new(132, &c);
+        assert_eq!((caps.local, caps.peer, caps.peer_duplex), (264, 64, 132));
+        assert_eq!(caps.for_traffic(Traffic::Local), 264);
+        assert_eq!(caps.for_traffic(Traffic::Peer), 64);
+        assert_eq!(caps.for_traffic(Traffic::PeerDuplex), 132);
+        // A small GPU caps peer steps at its local cap; no cap is ever 0.
+        let tiny = BlockCaps::new(4, &c);
+        assert_eq!((tiny.local, tiny.peer, tiny.peer_duplex), (8, 8, 4));
+        let none = BlockCaps::new(0, &c);
+        assert_eq!((none.local, none.peer, none.peer_duplex), (1, 1, 1));
+        let c = Config {
+            peer_blocks: 32,
+            peer_duplex_blocks: Some(100),
+            ..Config::default()
+        };
+        let caps = BlockCaps::new(132, &c);
+        assert_eq!((caps.peer, caps.peer_duplex), (32, 100));
+    }
+}
