@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use ringccl::{DataType, RedOp};
+use ringccl::{CollectiveKind, DataType, RedOp};
 
-use super::coll::Coll;
+use super::coll;
 
 /// Which libraries to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Options {
     pub iters: usize,
     pub warmup: usize,
     pub graph: bool,
-    pub colls: Vec<Coll>,
+    pub colls: Vec<CollectiveKind>,
     pub root: usize,
     pub libs: Libs,
     pub json: Option<PathBuf>,
@@ -47,7 +47,7 @@ impl Default for Options {
             iters: 20,
             warmup: 5,
             graph: false,
-            colls: vec![Coll::AllReduce],
+            colls: vec![CollectiveKind::AllReduce],
             root: 0,
             libs: Libs {
                 ringccl: true,
@@ -257,7 +257,9 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, String> {
             }
             "-o" | "--op" => o.ops = parse_list(&value()?, "operator", &RedOp::ALL, parse_op)?,
             "-t" | "--collective" => {
-                o.colls = parse_list(&value()?, "collective", &Coll::ALL, Coll::parse)?
+                o.colls = parse_list(&value()?, "collective", &coll::MEASURED, |s| {
+                    coll::parse(s).ok()
+                })?
             }
             "-c" | "--check" => o.check_iters = parse_num(&value()?, "-c")?,
             "-n" | "--iters" => o.iters = parse_num(&value()?, "-n")?,
@@ -420,7 +422,7 @@ mod tests {
         assert_eq!(o.dtypes, DataType::ALL.to_vec());
         assert_eq!(o.ops, vec![RedOp::Sum, RedOp::Max]);
         assert_eq!((o.check_iters, o.iters, o.warmup, o.graph), (3, 7, 2, true));
-        assert_eq!(o.colls, Coll::ALL.to_vec());
+        assert_eq!(o.colls, coll::MEASURED.to_vec());
         assert_eq!(o.root, 1);
         assert_eq!(
             o.libs,
@@ -444,7 +446,10 @@ mod tests {
         ]);
         assert_eq!(o.ops, RedOp::ALL.to_vec());
         assert_eq!(o.dtypes, vec![DataType::F16, DataType::BF16]);
-        assert_eq!(o.colls, vec![Coll::ReduceScatter, Coll::Broadcast]);
+        assert_eq!(
+            o.colls,
+            vec![CollectiveKind::ReduceScatter, CollectiveKind::Broadcast]
+        );
     }
 
     #[test]
@@ -457,6 +462,7 @@ mod tests {
             &["-d", "fp8"],
             &["-o", "premulsum"],
             &["-t", "gather_all"],
+            &["-t", "gather"],
             &["-G", "2"],
             &["--lib", "mpi"],
             &["-b", "1M", "-e", "1K"],
