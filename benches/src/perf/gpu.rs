@@ -16,7 +16,7 @@ use super::coll::{self, Shape};
 use super::data::{self, Pattern, PerfElem};
 use super::nccl::{self, Nccl};
 use super::progress::Progress;
-use super::report::{self, Meta, Record, Stats};
+use super::report::{self, Gpu, Meta, Record, Stats};
 use super::svg;
 
 /// Graph replays timed per measurement in `-G 1` mode (after one untimed replay).
@@ -101,7 +101,10 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
         gpus: (0..n)
             .map(|r| {
                 let name = comm.context(r).name().unwrap_or_else(|_| "unknown".into());
-                (comm.ordinal(r), name)
+                Gpu {
+                    ordinal: comm.ordinal(r),
+                    name,
+                }
             })
             .collect(),
         driver_version,
@@ -174,11 +177,11 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     print_summary(&records, &meta, wrong, errors);
 
     if let Some(p) = &opts.json {
-        std::fs::write(p, report::to_json(&meta, &records))
+        std::fs::write(p, report::to_json(&meta, &records)?)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     if let Some(p) = &opts.csv {
-        std::fs::write(p, report::to_csv(&records))
+        std::fs::write(p, report::to_csv(&records)?)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     if let Some(p) = &opts.svg {
@@ -203,8 +206,8 @@ fn print_preamble(opts: &Options, meta: &Meta, sizes: &[usize]) {
     );
     println!("#");
     println!("# Using devices");
-    for (r, (ord, name)) in meta.gpus.iter().enumerate() {
-        println!("#  Rank {r:2} device {ord:2} [{name}]");
+    for (r, g) in meta.gpus.iter().enumerate() {
+        println!("#  Rank {r:2} device {:2} [{}]", g.ordinal, g.name);
     }
     println!(
         "# CUDA driver {}  NCCL {}",
