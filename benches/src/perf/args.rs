@@ -174,7 +174,7 @@ struct Cli {
     /// Write the results as CSV
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
-    /// Plot busbw against size (first collective and type)
+    /// Plot busbw against size (first collective and operator, every type)
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
     /// No progress bar on stderr

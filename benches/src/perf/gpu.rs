@@ -185,7 +185,7 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     if let Some(p) = &opts.svg {
-        std::fs::write(p, svg::plot(&records, n))
+        std::fs::write(p, svg::plot(&records, n)?)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     Ok(wrong == 0 && errors == 0)
