@@ -1,7 +1,7 @@
 //! The measurements: buffers, data, checks and timing of ringccl and NCCL on the same buffers
 //! and streams, interleaved size by size.
 
-use std::io::Write as _;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -156,13 +156,14 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
                 DataType::U64 => bench.sweep::<u64>(kind, &ops, &sizes),
             };
             if let Err(e) = res {
-                bench.progress.clear();
-                println!("# {} {}: {e}", kind.name(), dtype.name());
+                bench
+                    .progress
+                    .suspend(|| println!("# {} {}: {e}", kind.name(), dtype.name()));
                 bench.failures += 1;
             }
         }
     }
-    bench.progress.clear();
+    bench.progress.finish();
     // Everything finishes before the communicators and buffers go.
     let _ = comm.synchronize();
 
@@ -326,8 +327,7 @@ impl Bench<'_> {
 
     fn note(&mut self, s: String) {
         if !self.notes.contains(&s) {
-            self.progress.clear();
-            println!("# note: {s}");
+            self.progress.suspend(|| println!("# note: {s}"));
             self.notes.push(s);
         }
     }
@@ -374,22 +374,23 @@ impl Bench<'_> {
         let tname = nccl_dtype_name(T::DTYPE);
         let both = self.libs().len() == 2;
         for &op in ops {
-            self.progress.clear();
-            println!("#");
-            println!(
-                "# Collective: {}   type: {} ({})   op: {}   root: {}   ranks: {}",
-                kind.name(),
-                tname,
-                T::DTYPE.name(),
-                op.map_or("none", RedOp::name),
-                if kind.has_root() {
-                    self.opts.root.to_string()
-                } else {
-                    "-".into()
-                },
-                n
-            );
-            println!("{}", report::table_header(both));
+            self.progress.suspend(|| {
+                println!("#");
+                println!(
+                    "# Collective: {}   type: {} ({})   op: {}   root: {}   ranks: {}",
+                    kind.name(),
+                    tname,
+                    T::DTYPE.name(),
+                    op.map_or("none", RedOp::name),
+                    if kind.has_root() {
+                        self.opts.root.to_string()
+                    } else {
+                        "-".into()
+                    },
+                    n
+                );
+                println!("{}", report::table_header(both));
+            });
             let pat = match op {
                 Some(op) => Pattern::reduction(op, n, T::LIMIT),
                 None => Pattern::copy(T::LIMIT),
@@ -425,7 +426,6 @@ impl Bench<'_> {
                     };
                     rows.push((lib, Some(oop), ip));
                 }
-                self.progress.clear();
                 let find = |l: Lib, ip: bool| {
                     rows.iter().find(|(x, _, _)| *x == l).and_then(|(_, o, i)| {
                         if ip {
@@ -435,7 +435,7 @@ impl Bench<'_> {
                         }
                     })
                 };
-                let mut out = std::io::stdout().lock();
+                let mut out = String::new();
                 for (lib, oop, ip) in &rows {
                     let ratios = both.then(|| {
                         if *lib == Lib::Ringccl {
@@ -480,7 +480,7 @@ impl Bench<'_> {
                         }
                     }
                 }
-                drop(out);
+                self.progress.suspend(|| print!("{out}"));
                 for (_, oop, ip) in rows {
                     self.records.extend(oop);
                     self.records.extend(ip);

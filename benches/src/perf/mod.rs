@@ -7,7 +7,7 @@
 //! * [`svg`]: the plot;
 //! * [`nccl`]: NCCL through cudarc's raw layer;
 //! * [`gpu`]: the measurements;
-//! * [`progress`]: the progress line.
+//! * [`progress`]: the progress bar.
 
 pub mod args;
 pub mod coll;
