@@ -1,5 +1,12 @@
 //! The measurements: buffers, data, checks and timing of ringccl and NCCL on the same buffers
 //! and streams, interleaved size by size.
+//!
+//! ringccl is measured as a caller gets it by default: a [`Communicator::new`] over the GPUs,
+//! buffers allocated on its streams, the collectives of its public API, no environment
+//! variable set, and cudarc's event tracking as cudarc sets it (on: the communicator's
+//! streams put each context in multi-stream mode, so every call also waits on and records
+//! its buffers' events). Only `-G 1` turns the tracking off, as any caller capturing ringccl
+//! calls on cudarc buffers must: a capture cannot wait on an event recorded outside it.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -65,15 +72,21 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     }
     let ordinals: Vec<usize> = (0..n).collect();
     let comm = Communicator::new(&ordinals).map_err(|e| e.to_string())?;
-    for r in 0..n {
-        // SAFETY: every buffer ringccl-perf allocates is used on its rank's one stream only,
-        // and the streams are synchronised between phases and before buffers are dropped, so
-        // cudarc's per-slice events are not needed (NCCL gets none either). Without them, CUDA
-        // graph capture sees no waits on events recorded outside the capture.
-        unsafe { comm.context(r).disable_event_tracking() };
-    }
-
     let mut notes = Vec::new();
+    if opts.graph {
+        for r in 0..n {
+            // SAFETY: every buffer ringccl-perf allocates (all of them after this) is used on
+            // its rank's one stream only, and the streams are synchronised between phases and
+            // before buffers are dropped, so cudarc's per-slice events are not needed (NCCL
+            // gets none either).
+            unsafe { comm.context(r).disable_event_tracking() };
+        }
+        notes.push(
+            "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot \
+             wait on events recorded outside it)"
+                .to_string(),
+        );
+    }
     let mut libs = opts.libs;
     let nccl = if libs.nccl {
         match Nccl::new(&ordinals) {
