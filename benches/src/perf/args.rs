@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::error::ErrorKind;
-use clap::{ArgAction, CommandFactory, Parser, ValueEnum};
+use clap::{ArgAction, CommandFactory, Parser};
 use ringccl::{CollectiveKind, DataType, RedOp};
 
 use super::coll;
@@ -18,72 +18,6 @@ pub struct Libs {
     pub nccl: bool,
 }
 
-/// Everything the command line sets.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Options {
-    /// Smallest size of the sweep, bytes (`-b`).
-    pub min_bytes: usize,
-    /// Largest size of the sweep, bytes (`-e`).
-    pub max_bytes: usize,
-    /// Size multiplier between steps (`-f`).
-    pub factor: usize,
-    /// Element types, in order, without repeats (`-d`).
-    pub dtypes: Vec<DataType>,
-    /// Reduction operators of the reducing collectives (`-o`).
-    pub ops: Vec<RedOp>,
-    /// Checked calls per measurement, 0 for none (`-c`).
-    pub check_iters: usize,
-    /// Timed iterations (`-n`).
-    pub iters: usize,
-    /// Untimed warm-up iterations (`-w`).
-    pub warmup: usize,
-    /// Time CUDA-graph replays of the `-n` iterations (`-G 1`).
-    pub graph: bool,
-    /// Collectives, in order, without repeats (`-t`).
-    pub colls: Vec<CollectiveKind>,
-    /// Root rank of broadcast and reduce (`--root`).
-    pub root: usize,
-    /// Libraries to measure (`--lib`).
-    pub libs: Libs,
-    /// Where to write the JSON results (`--json`).
-    pub json: Option<PathBuf>,
-    /// Where to write the CSV results (`--csv`).
-    pub csv: Option<PathBuf>,
-    /// Where to write the SVG plot (`--svg`).
-    pub svg: Option<PathBuf>,
-    /// Show the progress bar (when stderr is a terminal); `--no-progress` turns it off.
-    pub progress: bool,
-    /// Use the first N GPUs (`--ngpus`); all visible ones when `None`.
-    pub ngpus: Option<usize>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            min_bytes: 8,
-            max_bytes: 128 << 20,
-            factor: 2,
-            dtypes: vec![DataType::F32],
-            ops: vec![RedOp::Sum],
-            check_iters: 1,
-            iters: 20,
-            warmup: 5,
-            graph: false,
-            colls: vec![CollectiveKind::AllReduce],
-            root: 0,
-            libs: Libs {
-                ringccl: true,
-                nccl: true,
-            },
-            json: None,
-            csv: None,
-            svg: None,
-            progress: true,
-            ngpus: None,
-        }
-    }
-}
-
 /// The text after the options in `--help`.
 const AFTER_HELP: &str = "\
 Time is the median over the -n iterations of the slowest rank's time (CUDA events on every
@@ -92,94 +26,94 @@ PERFORMANCE.md). #wrong counts the elements that differ from the exactly compute
 values over the -c check iterations (outputs poisoned before each). Exit status 1 on any
 wrong element or error.";
 
-/// `--lib`'s values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Lib {
-    Ringccl,
-    Nccl,
-    Both,
-}
-
-/// The command line as clap sees it (the list-valued fields spell `Vec` with its full path
-/// so that clap takes each list as one comma-separated value, not as repeated values).
-#[derive(Debug, Parser)]
+/// Everything the command line sets; each field's documentation is its `--help` line.
+///
+/// The list-valued fields spell `Vec` with its full path so that clap takes each list as one
+/// comma-separated value rather than as repeated values.
+#[derive(Clone, Debug, PartialEq, Parser)]
 #[command(
     name = "ringccl-perf",
     about = "ringccl-perf: bandwidth of ringccl's collectives next to NCCL's, \
              in the style of nccl-tests.",
+    long_about = None,
     after_help = AFTER_HELP,
     args_override_self = true,
     allow_negative_numbers = true
 )]
-struct Cli {
+pub struct Options {
     /// Smallest size, bytes with optional K/M/G suffix (1024-based)
     #[arg(short = 'b', long = "minbytes", value_name = "SIZE")]
     #[arg(default_value = "8", value_parser = parse_size)]
-    min_bytes: usize,
+    pub min_bytes: usize,
     /// Largest size
     #[arg(short = 'e', long = "maxbytes", value_name = "SIZE")]
     #[arg(default_value = "128M", value_parser = parse_size)]
-    max_bytes: usize,
+    pub max_bytes: usize,
     /// Multiply the size by N at each step (N >= 2)
     #[arg(short = 'f', long = "stepfactor", value_name = "N")]
     #[arg(default_value = "2", value_parser = parse_count)]
-    factor: usize,
-    #[arg(short = 'd', long = "datatype", value_name = "TYPES")]
-    #[arg(default_value = "float", value_parser = parse_dtypes)]
+    pub factor: usize,
+    /// float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64
+    /// (also f32, f16, bf16, ...), comma-separated, or all
     #[arg(
-        help = "float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64\n\
-                  (also f32, f16, bf16, ...), comma-separated, or all"
+        short = 'd',
+        long = "datatype",
+        value_name = "TYPES",
+        verbatim_doc_comment
     )]
-    dtypes: ::std::vec::Vec<DataType>,
+    #[arg(default_value = "float", value_parser = parse_dtypes)]
+    pub dtypes: ::std::vec::Vec<DataType>,
     /// sum|prod|min|max|avg, comma-separated, or all
     #[arg(short = 'o', long = "op", value_name = "OPS")]
     #[arg(default_value = "sum", value_parser = parse_ops)]
-    ops: ::std::vec::Vec<RedOp>,
-    #[arg(short = 't', long = "collective", value_name = "COLLS")]
-    #[arg(default_value = "all_reduce", value_parser = parse_colls)]
+    pub ops: ::std::vec::Vec<RedOp>,
+    /// all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all,
+    /// comma-separated, or all
     #[arg(
-        help = "all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all,\n\
-                  comma-separated, or all"
+        short = 't',
+        long = "collective",
+        value_name = "COLLS",
+        verbatim_doc_comment
     )]
-    colls: ::std::vec::Vec<CollectiveKind>,
+    #[arg(default_value = "all_reduce", value_parser = parse_colls)]
+    pub colls: ::std::vec::Vec<CollectiveKind>,
     /// Check iterations (0: no check)
     #[arg(short = 'c', long = "check", value_name = "N")]
     #[arg(default_value = "1", value_parser = parse_count)]
-    check_iters: usize,
+    pub check_iters: usize,
     /// Timed iterations
     #[arg(short = 'n', long = "iters", value_name = "N")]
     #[arg(default_value = "20", value_parser = parse_positive)]
-    iters: usize,
+    pub iters: usize,
     /// Warm-up iterations
     #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
     #[arg(default_value = "5", value_parser = parse_count)]
-    warmup: usize,
+    pub warmup: usize,
     /// Capture the -n iterations into a CUDA graph and time replays
     #[arg(short = 'G', long = "cudagraph", value_name = "0|1")]
     #[arg(default_value = "0", value_parser = parse_01, action = ArgAction::Set)]
-    graph: bool,
+    pub graph: bool,
     /// Root rank of broadcast and reduce
     #[arg(long, value_name = "R", default_value = "0", value_parser = parse_count)]
-    root: usize,
-    /// Libraries to measure
-    #[arg(long, value_name = "L", value_enum, ignore_case = true)]
-    #[arg(default_value_t = Lib::Both)]
-    lib: Lib,
+    pub root: usize,
+    /// Libraries to measure: ringccl|nccl|both
+    #[arg(long = "lib", value_name = "L", default_value = "both", value_parser = parse_libs)]
+    pub libs: Libs,
     /// Use the first N GPUs [default: all]
     #[arg(long, value_name = "N", value_parser = parse_positive)]
-    ngpus: Option<usize>,
+    pub ngpus: Option<usize>,
     /// Write the results as JSON
     #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
+    pub json: Option<PathBuf>,
     /// Write the results as CSV
     #[arg(long, value_name = "FILE")]
-    csv: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
     /// Plot busbw against size (first collective and operator, every type)
     #[arg(long, value_name = "FILE")]
-    svg: Option<PathBuf>,
+    pub svg: Option<PathBuf>,
     /// No progress bar on stderr
     #[arg(long = "no-progress", action = ArgAction::SetFalse)]
-    progress: bool,
+    pub progress: bool,
 }
 
 /// Parses a size: digits with an optional K, M or G suffix (powers of 1024).
@@ -309,6 +243,17 @@ fn parse_colls(s: &str) -> Result<Vec<CollectiveKind>, String> {
     parse_list(s, "collective", &coll::MEASURED, coll::parse)
 }
 
+/// `--lib`'s value.
+fn parse_libs(s: &str) -> Result<Libs, String> {
+    let (ringccl, nccl) = match s.trim().to_ascii_lowercase().as_str() {
+        "ringccl" => (true, false),
+        "nccl" => (false, true),
+        "both" => (true, true),
+        _ => return Err("takes ringccl, nccl or both".into()),
+    };
+    Ok(Libs { ringccl, nccl })
+}
+
 /// The sizes of a sweep: `min`, `min * factor`, ... up to `max` inclusive.
 pub fn sizes(o: &Options) -> Vec<usize> {
     let mut out = Vec::new();
@@ -336,44 +281,23 @@ where
 {
     let argv =
         std::iter::once(OsString::from("ringccl-perf")).chain(args.into_iter().map(Into::into));
-    let cli = Cli::try_parse_from(argv)?;
-    let invalid = |msg: String| Cli::command().error(ErrorKind::ValueValidation, msg);
-    if cli.min_bytes == 0 {
+    let o = Options::try_parse_from(argv)?;
+    let invalid = |msg: String| Options::command().error(ErrorKind::ValueValidation, msg);
+    if o.min_bytes == 0 {
         return Err(invalid("-b must be at least 1 byte".into()));
     }
-    if cli.min_bytes > cli.max_bytes {
+    if o.min_bytes > o.max_bytes {
         return Err(invalid(format!(
             "-b ({}) is larger than -e ({})",
-            cli.min_bytes, cli.max_bytes
+            o.min_bytes, o.max_bytes
         )));
     }
-    if cli.factor < 2 && cli.min_bytes != cli.max_bytes {
+    if o.factor < 2 && o.min_bytes != o.max_bytes {
         return Err(invalid(
             "-f must be at least 2 (or give -b equal to -e)".into(),
         ));
     }
-    Ok(Options {
-        min_bytes: cli.min_bytes,
-        max_bytes: cli.max_bytes,
-        factor: cli.factor,
-        dtypes: cli.dtypes,
-        ops: cli.ops,
-        check_iters: cli.check_iters,
-        iters: cli.iters,
-        warmup: cli.warmup,
-        graph: cli.graph,
-        colls: cli.colls,
-        root: cli.root,
-        libs: Libs {
-            ringccl: cli.lib != Lib::Nccl,
-            nccl: cli.lib != Lib::Ringccl,
-        },
-        json: cli.json,
-        csv: cli.csv,
-        svg: cli.svg,
-        progress: cli.progress,
-        ngpus: cli.ngpus,
-    })
+    Ok(o)
 }
 
 #[cfg(test)]
@@ -441,9 +365,13 @@ mod tests {
     #[test]
     fn defaults() {
         let o = run(&[]);
-        assert_eq!(o, Options::default());
-        assert_eq!((o.iters, o.warmup, o.check_iters), (20, 5, 1));
+        assert_eq!((o.min_bytes, o.max_bytes, o.factor), (8, 128 << 20, 2));
+        assert_eq!(o.dtypes, vec![DataType::F32]);
+        assert_eq!(o.ops, vec![RedOp::Sum]);
+        assert_eq!(o.colls, vec![CollectiveKind::AllReduce]);
+        assert_eq!((o.iters, o.warmup, o.check_iters, o.root), (20, 5, 1, 0));
         assert!(o.libs.ringccl && o.libs.nccl && !o.graph && o.progress);
+        assert_eq!((o.json, o.csv, o.svg, o.ngpus), (None, None, None, None));
     }
 
     #[test]
@@ -518,12 +446,12 @@ mod tests {
 
     #[test]
     fn help_and_errors() {
-        Cli::command().debug_assert();
+        Options::command().debug_assert();
         for args in [&["--help"][..], &["-n", "3", "-h"]] {
             let e = parse(args).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{args:?}");
         }
-        let help = Cli::command().render_help().to_string();
+        let help = Options::command().render_help().to_string();
         for flag in [
             "-b, --minbytes <SIZE>",
             "-e, --maxbytes <SIZE>",
