@@ -13,23 +13,17 @@ mod perf;
 
 use std::process::ExitCode;
 
-use perf::args::{self, Command};
+use perf::args;
 
 fn main() -> ExitCode {
+    let opts = match args::parse(std::env::args_os().skip(1)) {
+        Ok(o) => o,
+        // `--help` (status 0) or a bad argument (status 2).
+        Err(e) => e.exit(),
+    };
     let argv: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let opts = match args::parse(argv.get(1..).unwrap_or(&[])) {
-        Ok(Command::Help) => {
-            println!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Run(o)) => *o,
-        Err(e) => {
-            eprintln!("ringccl-perf: {e} (see --help)");
-            return ExitCode::from(2);
-        }
-    };
     match perf::gpu::run(opts, argv) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

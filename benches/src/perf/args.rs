@@ -1,106 +1,120 @@
-//! The command line, parsed by hand (nccl-tests' short options plus a few long ones).
+//! The command line (nccl-tests' short options plus a few long ones), parsed by clap.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
-use ringccl::{DataType, RedOp};
+use clap::error::ErrorKind;
+use clap::{ArgAction, CommandFactory, Parser};
+use ringccl::{CollectiveKind, DataType, RedOp};
 
-use super::coll::Coll;
+use super::coll;
 
 /// Which libraries to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Libs {
+    /// Measure ringccl.
     pub ringccl: bool,
+    /// Measure NCCL.
     pub nccl: bool,
 }
 
-/// Everything the command line sets.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Options {
-    pub min_bytes: usize,
-    pub max_bytes: usize,
-    pub factor: usize,
-    pub dtypes: Vec<DataType>,
-    pub ops: Vec<RedOp>,
-    pub check_iters: usize,
-    pub iters: usize,
-    pub warmup: usize,
-    pub graph: bool,
-    pub colls: Vec<Coll>,
-    pub root: usize,
-    pub libs: Libs,
-    pub json: Option<PathBuf>,
-    pub csv: Option<PathBuf>,
-    pub svg: Option<PathBuf>,
-    pub progress: bool,
-    pub ngpus: Option<usize>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            min_bytes: 8,
-            max_bytes: 128 << 20,
-            factor: 2,
-            dtypes: vec![DataType::F32],
-            ops: vec![RedOp::Sum],
-            check_iters: 1,
-            iters: 20,
-            warmup: 5,
-            graph: false,
-            colls: vec![Coll::AllReduce],
-            root: 0,
-            libs: Libs {
-                ringccl: true,
-                nccl: true,
-            },
-            json: None,
-            csv: None,
-            svg: None,
-            progress: true,
-            ngpus: None,
-        }
-    }
-}
-
-/// What the command line asks for.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Command {
-    Run(Box<Options>),
-    Help,
-}
-
-/// The `--help` text.
-pub const USAGE: &str = "\
-ringccl-perf: bandwidth of ringccl's collectives next to NCCL's, in the style of nccl-tests.
-
-USAGE: ringccl-perf [OPTIONS]
-
-  -b, --minbytes SIZE      smallest size, bytes with optional K/M/G suffix (1024-based) [8]
-  -e, --maxbytes SIZE      largest size [128M]
-  -f, --stepfactor N       multiply the size by N at each step (N >= 2) [2]
-  -d, --datatype TYPES     float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64
-                           (also f32, f16, bf16, ..., comma-separated lists, or all) [float]
-  -o, --op OPS             sum|prod|min|max|avg, comma-separated, or all [sum]
-  -t, --collective COLLS   all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all,
-                           comma-separated, or all [all_reduce]
-  -c, --check N            check iterations (0: no check) [1]
-  -n, --iters N            timed iterations [20]
-  -w, --warmup_iters N     warm-up iterations [5]
-  -G, --cudagraph 0|1      capture the -n iterations into a CUDA graph and time replays [0]
-      --root R             root rank of broadcast and reduce [0]
-      --lib L              ringccl|nccl|both [both]
-      --ngpus N            use the first N GPUs [all]
-      --json FILE          write the results as JSON
-      --csv FILE           write the results as CSV
-      --svg FILE           plot busbw against size (first collective and type)
-      --no-progress        no progress line on stderr
-  -h, --help               this text
-
+/// The text after the options in `--help`.
+const AFTER_HELP: &str = "\
 Time is the median over the -n iterations of the slowest rank's time (CUDA events on every
 rank's stream). algbw = size / time; busbw = algbw x the collective's factor (nccl-tests'
 PERFORMANCE.md). #wrong counts the elements that differ from the exactly computed expected
 values over the -c check iterations (outputs poisoned before each). Exit status 1 on any
 wrong element or error.";
+
+/// Everything the command line sets; each field's documentation is its `--help` line.
+///
+/// The list-valued fields spell `Vec` with its full path so that clap takes each list as one
+/// comma-separated value rather than as repeated values.
+#[derive(Clone, Debug, PartialEq, Parser)]
+#[command(
+    name = "ringccl-perf",
+    about = "ringccl-perf: bandwidth of ringccl's collectives next to NCCL's, \
+             in the style of nccl-tests.",
+    long_about = None,
+    after_help = AFTER_HELP,
+    args_override_self = true,
+    allow_negative_numbers = true
+)]
+pub struct Options {
+    /// Smallest size, bytes with optional K/M/G suffix (1024-based)
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE")]
+    #[arg(default_value = "8", value_parser = parse_size)]
+    pub min_bytes: usize,
+    /// Largest size
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE")]
+    #[arg(default_value = "128M", value_parser = parse_size)]
+    pub max_bytes: usize,
+    /// Multiply the size by N at each step (N >= 2)
+    #[arg(short = 'f', long = "stepfactor", value_name = "N")]
+    #[arg(default_value = "2", value_parser = parse_count)]
+    pub factor: usize,
+    /// float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64
+    /// (also f32, f16, bf16, ...), comma-separated, or all
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        value_name = "TYPES",
+        verbatim_doc_comment
+    )]
+    #[arg(default_value = "float", value_parser = parse_dtypes)]
+    pub dtypes: ::std::vec::Vec<DataType>,
+    /// sum|prod|min|max|avg, comma-separated, or all
+    #[arg(short = 'o', long = "op", value_name = "OPS")]
+    #[arg(default_value = "sum", value_parser = parse_ops)]
+    pub ops: ::std::vec::Vec<RedOp>,
+    /// all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all,
+    /// comma-separated, or all
+    #[arg(
+        short = 't',
+        long = "collective",
+        value_name = "COLLS",
+        verbatim_doc_comment
+    )]
+    #[arg(default_value = "all_reduce", value_parser = parse_colls)]
+    pub colls: ::std::vec::Vec<CollectiveKind>,
+    /// Check iterations (0: no check)
+    #[arg(short = 'c', long = "check", value_name = "N")]
+    #[arg(default_value = "1", value_parser = parse_count)]
+    pub check_iters: usize,
+    /// Timed iterations
+    #[arg(short = 'n', long = "iters", value_name = "N")]
+    #[arg(default_value = "20", value_parser = parse_positive)]
+    pub iters: usize,
+    /// Warm-up iterations
+    #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
+    #[arg(default_value = "5", value_parser = parse_count)]
+    pub warmup: usize,
+    /// Capture the -n iterations into a CUDA graph and time replays
+    #[arg(short = 'G', long = "cudagraph", value_name = "0|1")]
+    #[arg(default_value = "0", value_parser = parse_01, action = ArgAction::Set)]
+    pub graph: bool,
+    /// Root rank of broadcast and reduce
+    #[arg(long, value_name = "R", default_value = "0", value_parser = parse_count)]
+    pub root: usize,
+    /// Libraries to measure: ringccl|nccl|both
+    #[arg(long = "lib", value_name = "L", default_value = "both", value_parser = parse_libs)]
+    pub libs: Libs,
+    /// Use the first N GPUs [default: all]
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    pub ngpus: Option<usize>,
+    /// Write the results as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the results as CSV
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Plot busbw against size (first collective and operator, every type)
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// No progress bar on stderr
+    #[arg(long = "no-progress", action = ArgAction::SetFalse)]
+    pub progress: bool,
+}
 
 /// Parses a size: digits with an optional K, M or G suffix (powers of 1024).
 pub fn parse_size(s: &str) -> Result<usize, String> {
@@ -163,26 +177,48 @@ pub fn parse_op(s: &str) -> Option<RedOp> {
     })
 }
 
-/// A comma-separated list, or `all`.
+/// `-G`'s value: `0` or `1`.
+fn parse_01(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err("takes 0 or 1".into()),
+    }
+}
+
+/// A non-negative integer.
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| "not a non-negative integer".to_string())
+}
+
+/// An integer of at least 1.
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match parse_count(s)? {
+        0 => Err("must be at least 1".into()),
+        v => Ok(v),
+    }
+}
+
+/// A comma-separated list, or `all`, without repeats (first occurrence kept).
 fn parse_list<T: Copy + PartialEq>(
     s: &str,
     what: &str,
     all: &[T],
-    one: impl Fn(&str) -> Option<T>,
+    one: impl Fn(&str) -> Result<T, String>,
 ) -> Result<Vec<T>, String> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        if part.eq_ignore_ascii_case("all") {
-            for &x in all {
-                if !out.contains(&x) {
-                    out.push(x);
-                }
+        let items = if part.eq_ignore_ascii_case("all") {
+            all.to_vec()
+        } else {
+            vec![one(part)?]
+        };
+        for x in items {
+            if !out.contains(&x) {
+                out.push(x);
             }
-            continue;
-        }
-        let x = one(part).ok_or_else(|| format!("unknown {what} {part:?}"))?;
-        if !out.contains(&x) {
-            out.push(x);
         }
     }
     if out.is_empty() {
@@ -191,10 +227,31 @@ fn parse_list<T: Copy + PartialEq>(
     Ok(out)
 }
 
-fn parse_num(s: &str, what: &str) -> Result<usize, String> {
-    s.trim()
-        .parse()
-        .map_err(|_| format!("{what}: {s:?} is not a non-negative integer"))
+fn parse_dtypes(s: &str) -> Result<Vec<DataType>, String> {
+    parse_list(s, "data type", &DataType::ALL, |p| {
+        parse_dtype(p).ok_or_else(|| format!("unknown data type {p:?}"))
+    })
+}
+
+fn parse_ops(s: &str) -> Result<Vec<RedOp>, String> {
+    parse_list(s, "operator", &RedOp::ALL, |p| {
+        parse_op(p).ok_or_else(|| format!("unknown operator {p:?}"))
+    })
+}
+
+fn parse_colls(s: &str) -> Result<Vec<CollectiveKind>, String> {
+    parse_list(s, "collective", &coll::MEASURED, coll::parse)
+}
+
+/// `--lib`'s value.
+fn parse_libs(s: &str) -> Result<Libs, String> {
+    let (ringccl, nccl) = match s.trim().to_ascii_lowercase().as_str() {
+        "ringccl" => (true, false),
+        "nccl" => (false, true),
+        "both" => (true, true),
+        _ => return Err("takes ringccl, nccl or both".into()),
+    };
+    Ok(Libs { ringccl, nccl })
 }
 
 /// The sizes of a sweep: `min`, `min * factor`, ... up to `max` inclusive.
@@ -214,108 +271,33 @@ pub fn sizes(o: &Options) -> Vec<usize> {
     out
 }
 
-/// Parses the arguments (without the program name).
-pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, String> {
-    let mut o = Options::default();
-    let mut it = args.iter().map(|a| a.as_ref().to_string());
-    while let Some(arg) = it.next() {
-        // `--name=value` or `--name value`, `-x value`.
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let flag = |o: &mut Options, name: &str| -> Result<bool, String> {
-            match name {
-                "--no-progress" => o.progress = false,
-                "-h" | "--help" => return Err(String::new()),
-                _ => return Ok(false),
-            }
-            Ok(true)
-        };
-        match flag(&mut o, &name) {
-            Ok(true) => {
-                if inline.is_some() {
-                    return Err(format!("{name} takes no value"));
-                }
-                continue;
-            }
-            Ok(false) => {}
-            Err(_) => return Ok(Command::Help),
-        }
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match name.as_str() {
-            "-b" | "--minbytes" => o.min_bytes = parse_size(&value()?)?,
-            "-e" | "--maxbytes" => o.max_bytes = parse_size(&value()?)?,
-            "-f" | "--stepfactor" => o.factor = parse_num(&value()?, "-f")?,
-            "-d" | "--datatype" => {
-                o.dtypes = parse_list(&value()?, "data type", &DataType::ALL, parse_dtype)?
-            }
-            "-o" | "--op" => o.ops = parse_list(&value()?, "operator", &RedOp::ALL, parse_op)?,
-            "-t" | "--collective" => {
-                o.colls = parse_list(&value()?, "collective", &Coll::ALL, Coll::parse)?
-            }
-            "-c" | "--check" => o.check_iters = parse_num(&value()?, "-c")?,
-            "-n" | "--iters" => o.iters = parse_num(&value()?, "-n")?,
-            "-w" | "--warmup_iters" => o.warmup = parse_num(&value()?, "-w")?,
-            "-G" | "--cudagraph" => {
-                o.graph = match value()?.trim() {
-                    "0" => false,
-                    "1" => true,
-                    v => return Err(format!("-G takes 0 or 1, not {v:?}")),
-                }
-            }
-            "--root" => o.root = parse_num(&value()?, "--root")?,
-            "--lib" => {
-                o.libs = match value()?.to_ascii_lowercase().as_str() {
-                    "ringccl" => Libs {
-                        ringccl: true,
-                        nccl: false,
-                    },
-                    "nccl" => Libs {
-                        ringccl: false,
-                        nccl: true,
-                    },
-                    "both" => Libs {
-                        ringccl: true,
-                        nccl: true,
-                    },
-                    v => return Err(format!("--lib takes ringccl, nccl or both, not {v:?}")),
-                }
-            }
-            "--ngpus" => {
-                let n = parse_num(&value()?, "--ngpus")?;
-                if n == 0 {
-                    return Err("--ngpus must be at least 1".into());
-                }
-                o.ngpus = Some(n);
-            }
-            "--json" => o.json = Some(PathBuf::from(value()?)),
-            "--csv" => o.csv = Some(PathBuf::from(value()?)),
-            "--svg" => o.svg = Some(PathBuf::from(value()?)),
-            _ => return Err(format!("unknown option {name:?}")),
-        }
-    }
+/// Parses the arguments (without the program name). `--help` and every bad argument come
+/// back as a [`clap::Error`]: [`clap::Error::exit`] prints it (help on stdout, errors on
+/// stderr) and exits with status 0 for help, 2 for errors.
+pub fn parse<I, T>(args: I) -> Result<Options, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let argv =
+        std::iter::once(OsString::from("ringccl-perf")).chain(args.into_iter().map(Into::into));
+    let o = Options::try_parse_from(argv)?;
+    let invalid = |msg: String| Options::command().error(ErrorKind::ValueValidation, msg);
     if o.min_bytes == 0 {
-        return Err("-b must be at least 1 byte".into());
+        return Err(invalid("-b must be at least 1 byte".into()));
     }
     if o.min_bytes > o.max_bytes {
-        return Err(format!(
+        return Err(invalid(format!(
             "-b ({}) is larger than -e ({})",
             o.min_bytes, o.max_bytes
-        ));
+        )));
     }
     if o.factor < 2 && o.min_bytes != o.max_bytes {
-        return Err("-f must be at least 2 (or give -b equal to -e)".into());
+        return Err(invalid(
+            "-f must be at least 2 (or give -b equal to -e)".into(),
+        ));
     }
-    if o.iters == 0 {
-        return Err("-n must be at least 1".into());
-    }
-    Ok(Command::Run(Box::new(o)))
+    Ok(o)
 }
 
 #[cfg(test)]
@@ -324,8 +306,16 @@ mod tests {
 
     fn run(args: &[&str]) -> Options {
         match parse(args) {
-            Ok(Command::Run(o)) => *o,
-            other => panic!("{args:?} gave {other:?}"),
+            Ok(o) => o,
+            Err(e) => panic!("{args:?} gave {e}"),
+        }
+    }
+
+    /// The error message for `args` (which must fail).
+    fn error(args: &[&str]) -> String {
+        match parse(args) {
+            Ok(o) => panic!("{args:?} should fail, gave {o:?}"),
+            Err(e) => e.to_string(),
         }
     }
 
@@ -375,9 +365,13 @@ mod tests {
     #[test]
     fn defaults() {
         let o = run(&[]);
-        assert_eq!(o, Options::default());
-        assert_eq!((o.iters, o.warmup, o.check_iters), (20, 5, 1));
+        assert_eq!((o.min_bytes, o.max_bytes, o.factor), (8, 128 << 20, 2));
+        assert_eq!(o.dtypes, vec![DataType::F32]);
+        assert_eq!(o.ops, vec![RedOp::Sum]);
+        assert_eq!(o.colls, vec![CollectiveKind::AllReduce]);
+        assert_eq!((o.iters, o.warmup, o.check_iters, o.root), (20, 5, 1, 0));
         assert!(o.libs.ringccl && o.libs.nccl && !o.graph && o.progress);
+        assert_eq!((o.json, o.csv, o.svg, o.ngpus), (None, None, None, None));
     }
 
     #[test]
@@ -420,7 +414,7 @@ mod tests {
         assert_eq!(o.dtypes, DataType::ALL.to_vec());
         assert_eq!(o.ops, vec![RedOp::Sum, RedOp::Max]);
         assert_eq!((o.check_iters, o.iters, o.warmup, o.graph), (3, 7, 2, true));
-        assert_eq!(o.colls, Coll::ALL.to_vec());
+        assert_eq!(o.colls, coll::MEASURED.to_vec());
         assert_eq!(o.root, 1);
         assert_eq!(
             o.libs,
@@ -444,32 +438,167 @@ mod tests {
         ]);
         assert_eq!(o.ops, RedOp::ALL.to_vec());
         assert_eq!(o.dtypes, vec![DataType::F16, DataType::BF16]);
-        assert_eq!(o.colls, vec![Coll::ReduceScatter, Coll::Broadcast]);
+        assert_eq!(
+            o.colls,
+            vec![CollectiveKind::ReduceScatter, CollectiveKind::Broadcast]
+        );
     }
 
     #[test]
     fn help_and_errors() {
-        assert_eq!(parse(&["--help"]), Ok(Command::Help));
-        assert_eq!(parse(&["-n", "3", "-h"]), Ok(Command::Help));
-        for bad in [
-            &["-b"][..],
-            &["-x"],
-            &["-d", "fp8"],
-            &["-o", "premulsum"],
-            &["-t", "gather_all"],
-            &["-G", "2"],
-            &["--lib", "mpi"],
-            &["-b", "1M", "-e", "1K"],
-            &["-n", "0"],
-            &["-f", "1"],
-            &["-b", "0"],
-            &["--ngpus", "0"],
-            &["--no-progress=1"],
-            &["-c", "x"],
-        ] {
-            assert!(parse(bad).is_err(), "{bad:?} should fail");
+        Options::command().debug_assert();
+        for args in [&["--help"][..], &["-n", "3", "-h"]] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{args:?}");
         }
-        assert!(parse(&["-f", "1", "-b", "64", "-e", "64"]).is_ok());
+        let help = Options::command().render_help().to_string();
+        for flag in [
+            "-b, --minbytes <SIZE>",
+            "-e, --maxbytes <SIZE>",
+            "-f, --stepfactor <N>",
+            "-d, --datatype <TYPES>",
+            "-o, --op <OPS>",
+            "-t, --collective <COLLS>",
+            "-c, --check <N>",
+            "-n, --iters <N>",
+            "-w, --warmup_iters <N>",
+            "-G, --cudagraph <0|1>",
+            "--root <R>",
+            "--lib <L>",
+            "--ngpus <N>",
+            "--json <FILE>",
+            "--csv <FILE>",
+            "--svg <FILE>",
+            "--no-progress",
+            "-h, --help",
+            "[default: 128M]",
+            "busbw = algbw",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from\n{help}");
+        }
+        // Each bad value is an error naming its flag (and the offending value).
+        for (bad, needles) in [
+            (&["-b"][..], &["--minbytes"][..]),
+            (&["-x"], &["-x"]),
+            (&["-b", "1T"], &["--minbytes", "1T"]),
+            (&["-b", "-1"], &["--minbytes", "-1"]),
+            (&["-n", "-3"], &["--iters", "-3"]),
+            (&["-d", "fp8"], &["--datatype", "fp8"]),
+            (&["-d", ","], &["--datatype", "no data type"]),
+            (&["-o", "premulsum"], &["--op", "premulsum"]),
+            (&["-t", "gather_all"], &["--collective", "gather_all"]),
+            (
+                &["-t", "gather"],
+                &["--collective", "does not measure gather"],
+            ),
+            (&["-G", "2"], &["--cudagraph", "2"]),
+            (&["--lib", "mpi"], &["--lib", "mpi"]),
+            (
+                &["-b", "1M", "-e", "1K"],
+                &["-b (1048576) is larger than -e (1024)"],
+            ),
+            (&["-n", "0"], &["--iters", "at least 1"]),
+            (&["-f", "1"], &["-f must be at least 2"]),
+            (&["-b", "0"], &["-b must be at least 1 byte"]),
+            (&["--ngpus", "0"], &["--ngpus", "at least 1"]),
+            (&["--no-progress=1"], &["--no-progress"]),
+            (&["-c", "x"], &["--check", "x"]),
+        ] {
+            let e = error(bad);
+            for needle in needles {
+                assert!(e.contains(needle), "{bad:?}: {needle:?} not in {e:?}");
+            }
+        }
+        assert!(parse(["-f", "1", "-b", "64", "-e", "64"]).is_ok());
+        // The last of a repeated option wins; `--name=value` and `-xvalue` work too.
+        let o = run(&[
+            "-n",
+            "3",
+            "-n",
+            "4",
+            "--minbytes=1K",
+            "-e64K",
+            "--lib",
+            "RingCCL",
+        ]);
+        assert_eq!((o.iters, o.min_bytes, o.max_bytes), (4, 1024, 64 << 10));
+        assert_eq!(
+            o.libs,
+            Libs {
+                ringccl: true,
+                nccl: false
+            }
+        );
+    }
+
+    #[test]
+    fn documented_command_lines() {
+        // As the GPU session script and the perf README run the tool.
+        let o = run(&[
+            "-t",
+            "all_reduce",
+            "-d",
+            "float,bfloat16",
+            "-b",
+            "8",
+            "-e",
+            "1G",
+            "-f",
+            "4",
+            "-n",
+            "20",
+            "-w",
+            "5",
+            "--no-progress",
+            "--json",
+            "out/perf-all_reduce.json",
+            "--csv",
+            "out/perf-all_reduce.csv",
+            "--svg",
+            "out/perf-all_reduce.svg",
+        ]);
+        assert_eq!(o.dtypes, vec![DataType::F32, DataType::BF16]);
+        assert_eq!((o.min_bytes, o.max_bytes, o.factor), (8, 1 << 30, 4));
+        assert!(!o.progress && o.svg.is_some() && o.csv.is_some() && o.json.is_some());
+        let o = run(&[
+            "-t",
+            "all_reduce",
+            "-d",
+            "float",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "2",
+            "-n",
+            "20",
+            "-w",
+            "5",
+            "-G",
+            "1",
+            "--no-progress",
+        ]);
+        assert!(o.graph && o.max_bytes == 64 << 10);
+        let o = run(&[
+            "-t",
+            "all_gather,reduce_scatter,broadcast,reduce,all_to_all",
+            "-d",
+            "float",
+            "-b",
+            "1K",
+            "-e",
+            "1G",
+            "-f",
+            "4",
+            "-n",
+            "10",
+            "-w",
+            "3",
+        ]);
+        assert_eq!(o.colls, coll::MEASURED[1..].to_vec());
+        let o = run(&["-b", "64M", "-e", "1G", "--lib", "ringccl", "--no-progress"]);
+        assert!(o.libs.ringccl && !o.libs.nccl);
     }
 
     #[test]

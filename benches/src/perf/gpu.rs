@@ -1,22 +1,28 @@
 //! The measurements: buffers, data, checks and timing of ringccl and NCCL on the same buffers
 //! and streams, interleaved size by size.
+//!
+//! ringccl is measured as a caller gets it by default: a [`Communicator::new`] over the GPUs,
+//! buffers allocated on its streams, the collectives of its public API, no environment
+//! variable set, and cudarc's event tracking as cudarc sets it (on: the communicator's
+//! streams put each context in multi-stream mode, so every call also waits on and records
+//! its buffers' events). Only `-G 1` turns the tracking off, as any caller capturing ringccl
+//! calls on cudarc buffers must: a capture cannot wait on an event recorded outside it.
 
-use std::io::Write as _;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
 };
-use ringccl::DeviceSlice;
-use ringccl::{Communicator, DataType, Io, RedOp};
+use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, RedOp};
 
 use super::args::{self, nccl_dtype_name, Options};
-use super::coll::{Coll, Shape};
+use super::coll::{self, Shape};
 use super::data::{self, Pattern, PerfElem};
 use super::nccl::{self, Nccl};
 use super::progress::Progress;
-use super::report::{self, Meta, Record, Stats};
+use super::report::{self, Gpu, Meta, Record, Stats};
 use super::svg;
 
 /// Graph replays timed per measurement in `-G 1` mode (after one untimed replay).
@@ -41,6 +47,9 @@ impl Lib {
 /// The whole run: prints the table, writes the files; `Ok(true)` when every element was right
 /// and nothing failed.
 pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
+    if let Some(&kind) = opts.colls.iter().find(|&&k| !coll::is_measured(k)) {
+        return Err(not_measured(kind));
+    }
     // cudarc panics when libcuda is missing: look first.
     // SAFETY: only probes whether the library can be loaded.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -62,15 +71,21 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     }
     let ordinals: Vec<usize> = (0..n).collect();
     let comm = Communicator::new(&ordinals).map_err(|e| e.to_string())?;
-    for r in 0..n {
-        // SAFETY: every buffer ringccl-perf allocates is used on its rank's one stream only,
-        // and the streams are synchronised between phases and before buffers are dropped, so
-        // cudarc's per-slice events are not needed (NCCL gets none either). Without them, CUDA
-        // graph capture sees no waits on events recorded outside the capture.
-        unsafe { comm.context(r).disable_event_tracking() };
-    }
-
     let mut notes = Vec::new();
+    if opts.graph {
+        for r in 0..n {
+            // SAFETY: every buffer ringccl-perf allocates (all of them after this) is used on
+            // its rank's one stream only, and the streams are synchronised between phases and
+            // before buffers are dropped, so cudarc's per-slice events are not needed (NCCL
+            // gets none either).
+            unsafe { comm.context(r).disable_event_tracking() };
+        }
+        notes.push(
+            "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot \
+             wait on events recorded outside it)"
+                .to_string(),
+        );
+    }
     let mut libs = opts.libs;
     let nccl = if libs.nccl {
         match Nccl::new(&ordinals) {
@@ -98,7 +113,10 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
         gpus: (0..n)
             .map(|r| {
                 let name = comm.context(r).name().unwrap_or_else(|_| "unknown".into());
-                (comm.ordinal(r), name)
+                Gpu {
+                    ordinal: comm.ordinal(r),
+                    name,
+                }
             })
             .collect(),
         driver_version,
@@ -130,33 +148,34 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
         failures: 0,
     };
     print_preamble(&opts, &meta, &sizes);
-    for &coll in &opts.colls {
+    for &kind in &opts.colls {
         for &dtype in &opts.dtypes {
-            let ops: Vec<Option<RedOp>> = if coll.has_op() {
+            let ops: Vec<Option<RedOp>> = if kind.has_op() {
                 opts.ops.iter().copied().map(Some).collect()
             } else {
                 vec![None]
             };
             let res = match dtype {
-                DataType::F32 => bench.sweep::<f32>(coll, &ops, &sizes),
-                DataType::F64 => bench.sweep::<f64>(coll, &ops, &sizes),
-                DataType::F16 => bench.sweep::<half::f16>(coll, &ops, &sizes),
-                DataType::BF16 => bench.sweep::<half::bf16>(coll, &ops, &sizes),
-                DataType::I8 => bench.sweep::<i8>(coll, &ops, &sizes),
-                DataType::U8 => bench.sweep::<u8>(coll, &ops, &sizes),
-                DataType::I32 => bench.sweep::<i32>(coll, &ops, &sizes),
-                DataType::U32 => bench.sweep::<u32>(coll, &ops, &sizes),
-                DataType::I64 => bench.sweep::<i64>(coll, &ops, &sizes),
-                DataType::U64 => bench.sweep::<u64>(coll, &ops, &sizes),
+                DataType::F32 => bench.sweep::<f32>(kind, &ops, &sizes),
+                DataType::F64 => bench.sweep::<f64>(kind, &ops, &sizes),
+                DataType::F16 => bench.sweep::<half::f16>(kind, &ops, &sizes),
+                DataType::BF16 => bench.sweep::<half::bf16>(kind, &ops, &sizes),
+                DataType::I8 => bench.sweep::<i8>(kind, &ops, &sizes),
+                DataType::U8 => bench.sweep::<u8>(kind, &ops, &sizes),
+                DataType::I32 => bench.sweep::<i32>(kind, &ops, &sizes),
+                DataType::U32 => bench.sweep::<u32>(kind, &ops, &sizes),
+                DataType::I64 => bench.sweep::<i64>(kind, &ops, &sizes),
+                DataType::U64 => bench.sweep::<u64>(kind, &ops, &sizes),
             };
             if let Err(e) = res {
-                bench.progress.clear();
-                println!("# {} {}: {e}", coll.name(), dtype.name());
+                bench
+                    .progress
+                    .suspend(|| println!("# {} {}: {e}", kind.name(), dtype.name()));
                 bench.failures += 1;
             }
         }
     }
-    bench.progress.clear();
+    bench.progress.finish();
     // Everything finishes before the communicators and buffers go.
     let _ = comm.synchronize();
 
@@ -171,15 +190,15 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     print_summary(&records, &meta, wrong, errors);
 
     if let Some(p) = &opts.json {
-        std::fs::write(p, report::to_json(&meta, &records))
+        std::fs::write(p, report::to_json(&meta, &records)?)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     if let Some(p) = &opts.csv {
-        std::fs::write(p, report::to_csv(&records))
+        std::fs::write(p, report::to_csv(&records)?)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     if let Some(p) = &opts.svg {
-        std::fs::write(p, svg::plot(&records, n))
+        std::fs::write(p, svg::plot(&records, n)?)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     Ok(wrong == 0 && errors == 0)
@@ -200,8 +219,8 @@ fn print_preamble(opts: &Options, meta: &Meta, sizes: &[usize]) {
     );
     println!("#");
     println!("# Using devices");
-    for (r, (ord, name)) in meta.gpus.iter().enumerate() {
-        println!("#  Rank {r:2} device {ord:2} [{name}]");
+    for (r, g) in meta.gpus.iter().enumerate() {
+        println!("#  Rank {r:2} device {:2} [{}]", g.ordinal, g.name);
     }
     println!(
         "# CUDA driver {}  NCCL {}",
@@ -282,13 +301,19 @@ fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, St
     r.map_err(|e| format!("{what} failed with {:?}", e.0))
 }
 
+/// The error for a collective that ringccl-perf does not measure.
+fn not_measured(kind: CollectiveKind) -> String {
+    format!("ringccl-perf does not measure {kind}")
+}
+
 /// Elements of the one in-place buffer, and the offset (elements) of rank `r`'s input in it.
-fn in_place_layout(coll: Coll, s: &Shape, r: usize) -> (usize, usize) {
-    match coll {
-        Coll::AllReduce | Coll::Broadcast | Coll::Reduce => (s.count, 0),
-        Coll::ReduceScatter => (s.send, 0),
-        Coll::AllGather => (s.recv, r * s.count),
-        Coll::AllToAll => (s.recv, 0),
+fn in_place_layout(kind: CollectiveKind, s: &Shape, r: usize) -> (usize, usize) {
+    use CollectiveKind as K;
+    match kind {
+        K::AllReduce | K::Broadcast | K::Reduce | K::SendRecv => (s.count, 0),
+        K::ReduceScatter | K::Scatter => (s.send, 0),
+        K::AllGather | K::Gather => (s.recv, r * s.count),
+        K::AllToAll => (s.recv, 0),
     }
 }
 
@@ -314,8 +339,7 @@ impl Bench<'_> {
 
     fn note(&mut self, s: String) {
         if !self.notes.contains(&s) {
-            self.progress.clear();
-            println!("# note: {s}");
+            self.progress.suspend(|| println!("# note: {s}"));
             self.notes.push(s);
         }
     }
@@ -323,13 +347,19 @@ impl Bench<'_> {
     /// Every size of one collective and type, for each operator.
     fn sweep<T: PerfElem>(
         &mut self,
-        coll: Coll,
+        kind: CollectiveKind,
         ops: &[Option<RedOp>],
         sizes: &[usize],
     ) -> Result<(), String> {
+        if !coll::is_measured(kind) {
+            return Err(not_measured(kind));
+        }
         let n = self.n;
         let elt = T::DTYPE.size();
-        let shapes: Vec<Shape> = sizes.iter().map(|&b| coll.shape(b, elt, n)).collect();
+        let shapes: Vec<Shape> = sizes
+            .iter()
+            .map(|&b| coll::shape(kind, b, elt, n))
+            .collect();
         let a_len = shapes.iter().map(|s| s.send).max().unwrap_or(0).max(1);
         let b_len = shapes
             .iter()
@@ -356,22 +386,23 @@ impl Bench<'_> {
         let tname = nccl_dtype_name(T::DTYPE);
         let both = self.libs().len() == 2;
         for &op in ops {
-            self.progress.clear();
-            println!("#");
-            println!(
-                "# Collective: {}   type: {} ({})   op: {}   root: {}   ranks: {}",
-                coll.name(),
-                tname,
-                T::DTYPE.name(),
-                op.map_or("none", RedOp::name),
-                if coll.has_root() {
-                    self.opts.root.to_string()
-                } else {
-                    "-".into()
-                },
-                n
-            );
-            println!("{}", report::table_header(both));
+            self.progress.suspend(|| {
+                println!("#");
+                println!(
+                    "# Collective: {}   type: {} ({})   op: {}   root: {}   ranks: {}",
+                    kind.name(),
+                    tname,
+                    T::DTYPE.name(),
+                    op.map_or("none", RedOp::name),
+                    if kind.has_root() {
+                        self.opts.root.to_string()
+                    } else {
+                        "-".into()
+                    },
+                    n
+                );
+                println!("{}", report::table_header(both));
+            });
             let pat = match op {
                 Some(op) => Pattern::reduction(op, n, T::LIMIT),
                 None => Pattern::copy(T::LIMIT),
@@ -389,25 +420,24 @@ impl Bench<'_> {
             for (&bytes, shape) in sizes.iter().zip(&shapes) {
                 let label = format!(
                     "{} {} {} {} B",
-                    coll.name(),
+                    kind.name(),
                     T::DTYPE.name(),
                     op.map_or("none", RedOp::name),
                     bytes
                 );
                 self.progress.show(&label);
-                let inputs = self.inputs::<T>(coll, shape, pat);
+                let inputs = self.inputs::<T>(kind, shape, pat);
                 let mut rows: Vec<(Lib, Option<Record>, Option<Record>)> = Vec::new();
                 for lib in self.libs() {
                     let oop =
-                        self.measure(lib, coll, shape, op, false, &mut bufs, &inputs, &expect);
-                    let ip = if coll.has_in_place() {
-                        Some(self.measure(lib, coll, shape, op, true, &mut bufs, &inputs, &expect))
+                        self.measure(lib, kind, shape, op, false, &mut bufs, &inputs, &expect);
+                    let ip = if kind.has_in_place() {
+                        Some(self.measure(lib, kind, shape, op, true, &mut bufs, &inputs, &expect))
                     } else {
                         None
                     };
                     rows.push((lib, Some(oop), ip));
                 }
-                self.progress.clear();
                 let find = |l: Lib, ip: bool| {
                     rows.iter().find(|(x, _, _)| *x == l).and_then(|(_, o, i)| {
                         if ip {
@@ -417,7 +447,7 @@ impl Bench<'_> {
                         }
                     })
                 };
-                let mut out = std::io::stdout().lock();
+                let mut out = String::new();
                 for (lib, oop, ip) in &rows {
                     let ratios = both.then(|| {
                         if *lib == Lib::Ringccl {
@@ -437,7 +467,7 @@ impl Bench<'_> {
                             shape.elems,
                             tname,
                             op.map_or("none", RedOp::name),
-                            coll.has_root().then_some(self.opts.root),
+                            kind.has_root().then_some(self.opts.root),
                             lib.name(),
                             oop.as_ref(),
                             ip.as_ref(),
@@ -462,7 +492,7 @@ impl Bench<'_> {
                         }
                     }
                 }
-                drop(out);
+                self.progress.suspend(|| print!("{out}"));
                 for (_, oop, ip) in rows {
                     self.records.extend(oop);
                     self.records.extend(ip);
@@ -476,12 +506,17 @@ impl Bench<'_> {
     }
 
     /// Every rank's send data for `shape` (only the root's for broadcast).
-    fn inputs<T: PerfElem>(&self, coll: Coll, shape: &Shape, pat: Pattern) -> Vec<Vec<T>> {
+    fn inputs<T: PerfElem>(
+        &self,
+        kind: CollectiveKind,
+        shape: &Shape,
+        pat: Pattern,
+    ) -> Vec<Vec<T>> {
         let root = self.opts.root;
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..self.n)
                 .map(|r| {
-                    let len = if coll == Coll::Broadcast && r != root {
+                    let len = if kind == CollectiveKind::Broadcast && r != root {
                         0
                     } else {
                         shape.send
@@ -501,7 +536,7 @@ impl Bench<'_> {
     fn measure<T: PerfElem>(
         &mut self,
         lib: Lib,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         op: Option<RedOp>,
         inplace: bool,
@@ -511,10 +546,10 @@ impl Bench<'_> {
     ) -> Record {
         let n = self.n;
         let mut rec = Record {
-            collective: coll.name(),
+            collective: kind.name(),
             dtype: T::DTYPE.name(),
             op: op.map_or("none", RedOp::name),
-            root: coll.has_root().then_some(self.opts.root),
+            root: kind.has_root().then_some(self.opts.root),
             bytes: shape.bytes,
             count: shape.elems,
             lib: lib.name(),
@@ -534,15 +569,16 @@ impl Bench<'_> {
             if self.opts.check_iters > 0 {
                 let mut wrong = 0;
                 for _ in 0..self.opts.check_iters {
-                    self.prepare(coll, shape, inplace, bufs, inputs)?;
-                    self.launch(lib, coll, shape, op, inplace, bufs)?;
-                    wrong += self.verify(coll, shape, inplace, bufs, expect)?;
+                    self.prepare(kind, shape, inplace, bufs, inputs)?;
+                    self.launch(lib, kind, shape, op, inplace, bufs)?;
+                    wrong += self.verify(kind, shape, inplace, bufs, expect)?;
                 }
                 rec.wrong = Some(wrong);
             }
-            let (times, graph) = self.time(lib, coll, shape, op, inplace, bufs)?;
+            let (times, graph) = self.time(lib, kind, shape, op, inplace, bufs)?;
             let st = Stats::of(&times);
-            let (algbw, busbw) = report::bandwidths(shape.bytes, st.median, coll.busbw_factor(n));
+            let (algbw, busbw) =
+                report::bandwidths(shape.bytes, st.median, coll::busbw_factor(kind, n));
             rec.time_us = st.median;
             rec.time_us_min = st.min;
             rec.time_us_mean = st.mean;
@@ -564,7 +600,7 @@ impl Bench<'_> {
     /// Writes the inputs and poisons the outputs (all-ones bytes: NaN, -1 or MAX).
     fn prepare<T: PerfElem>(
         &self,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         inplace: bool,
         bufs: &mut Bufs<T>,
@@ -574,7 +610,7 @@ impl Bench<'_> {
         for (r, input) in inputs.iter().enumerate() {
             let s = self.comm.stream(r);
             let (poison_len, in_off) = if inplace {
-                in_place_layout(coll, shape, r)
+                in_place_layout(kind, shape, r)
             } else {
                 (shape.recv, 0)
             };
@@ -609,7 +645,7 @@ impl Bench<'_> {
     fn launch<T: PerfElem>(
         &self,
         lib: Lib,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         op: Option<RedOp>,
         inplace: bool,
@@ -621,11 +657,11 @@ impl Bench<'_> {
             Lib::Ringccl => {
                 let streams = self.streams();
                 if inplace {
-                    let len = in_place_layout(coll, shape, 0).0;
+                    let len = in_place_layout(kind, shape, 0).0;
                     let mut views: Vec<CudaViewMut<'_, T>> =
                         bufs.b.iter_mut().map(|b| b.slice_mut(0..len)).collect();
                     let mut io: Vec<Io<'_, T>> = views.iter_mut().map(Io::in_place).collect();
-                    self.ringccl_call(coll, &mut io, shape.count, op, &streams)
+                    self.ringccl_call(kind, &mut io, shape.count, op, &streams)
                 } else {
                     let send: Vec<CudaView<'_, T>> =
                         bufs.a.iter().map(|a| a.slice(0..shape.send)).collect();
@@ -638,13 +674,13 @@ impl Bench<'_> {
                         .iter()
                         .zip(recv.iter_mut())
                         .enumerate()
-                        .map(|(r, (s, d))| match coll {
-                            Coll::Broadcast if r != root => Io::recv_only(d),
-                            Coll::Reduce if r != root => Io::send_only(s),
+                        .map(|(r, (s, d))| match kind {
+                            CollectiveKind::Broadcast if r != root => Io::recv_only(d),
+                            CollectiveKind::Reduce if r != root => Io::send_only(s),
                             _ => Io::out_of_place(s, d),
                         })
                         .collect();
-                    self.ringccl_call(coll, &mut io, shape.count, op, &streams)
+                    self.ringccl_call(kind, &mut io, shape.count, op, &streams)
                 }
             }
             Lib::Nccl => {
@@ -659,9 +695,9 @@ impl Bench<'_> {
                         if !inplace {
                             (a, b)
                         } else {
-                            match coll {
-                                Coll::ReduceScatter => (b, b + block),
-                                Coll::AllGather => (b + block, b),
+                            match kind {
+                                CollectiveKind::ReduceScatter => (b, b + block),
+                                CollectiveKind::AllGather => (b + block, b),
                                 _ => (b, b),
                             }
                         }
@@ -670,7 +706,7 @@ impl Bench<'_> {
                 let streams: Vec<&CudaStream> =
                     self.streams().into_iter().map(|s| s.as_ref()).collect();
                 nccl.enqueue(
-                    coll,
+                    kind,
                     shape,
                     T::NCCL,
                     T::DTYPE.size(),
@@ -687,7 +723,7 @@ impl Bench<'_> {
 
     fn ringccl_call<T: PerfElem>(
         &self,
-        coll: Coll,
+        kind: CollectiveKind,
         io: &mut [Io<'_, T>],
         count: usize,
         op: RedOp,
@@ -695,13 +731,15 @@ impl Bench<'_> {
     ) -> Result<(), String> {
         let c = self.comm;
         let root = self.opts.root;
-        match coll {
-            Coll::AllReduce => c.all_reduce(io, count, op, streams),
-            Coll::ReduceScatter => c.reduce_scatter(io, count, op, streams),
-            Coll::AllGather => c.all_gather(io, count, streams),
-            Coll::Broadcast => c.broadcast(io, count, root, streams),
-            Coll::Reduce => c.reduce(io, count, op, root, streams),
-            Coll::AllToAll => c.all_to_all(io, count, streams),
+        use CollectiveKind as K;
+        match kind {
+            K::AllReduce => c.all_reduce(io, count, op, streams),
+            K::ReduceScatter => c.reduce_scatter(io, count, op, streams),
+            K::AllGather => c.all_gather(io, count, streams),
+            K::Broadcast => c.broadcast(io, count, root, streams),
+            K::Reduce => c.reduce(io, count, op, root, streams),
+            K::AllToAll => c.all_to_all(io, count, streams),
+            K::Gather | K::Scatter | K::SendRecv => return Err(not_measured(kind)),
         }
         .map_err(|e| e.to_string())
     }
@@ -709,12 +747,13 @@ impl Bench<'_> {
     /// Waits for the call, reads every output back and counts the wrong elements.
     fn verify<T: PerfElem>(
         &self,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         inplace: bool,
         bufs: &mut Bufs<T>,
         expect: &Expect<'_>,
     ) -> Result<usize, String> {
+        use CollectiveKind as K;
         self.sync()?;
         let (n, root, count) = (self.n, self.opts.root, shape.count);
         let Expect { pat, table, tol } = *expect;
@@ -722,12 +761,12 @@ impl Bench<'_> {
         std::thread::scope(|sc| -> Result<usize, String> {
             let mut handles = Vec::new();
             for r in 0..n {
-                if coll == Coll::Reduce && r != root {
+                if kind == CollectiveKind::Reduce && r != root {
                     continue;
                 }
-                let (off, len) = match (coll, inplace) {
-                    (Coll::ReduceScatter, true) => (r * count, count),
-                    (_, true) => (0, in_place_layout(coll, shape, r).0),
+                let (off, len) = match (kind, inplace) {
+                    (CollectiveKind::ReduceScatter, true) => (r * count, count),
+                    (_, true) => (0, in_place_layout(kind, shape, r).0),
                     (_, false) => (0, shape.recv),
                 };
                 if len == 0 {
@@ -740,12 +779,14 @@ impl Bench<'_> {
                         .clone_dtoh(&bufs.b[r].slice(off..off + len)),
                 )?;
                 handles.push(sc.spawn(move || {
-                    data::count_wrong(&got, tol, |j| match coll {
-                        Coll::AllReduce | Coll::Reduce => table[j % period],
-                        Coll::ReduceScatter => table[(r * count + j) % period],
-                        Coll::AllGather => pat.value(j / count, j % count),
-                        Coll::Broadcast => pat.value(root, j),
-                        Coll::AllToAll => pat.value(j / count, r * count + j % count),
+                    data::count_wrong(&got, tol, |j| match kind {
+                        K::AllReduce | K::Reduce => table[j % period],
+                        K::ReduceScatter => table[(r * count + j) % period],
+                        K::AllGather => pat.value(j / count, j % count),
+                        K::Broadcast => pat.value(root, j),
+                        K::AllToAll => pat.value(j / count, r * count + j % count),
+                        // Not measured: `sweep` refuses them before any launch.
+                        K::Gather | K::Scatter | K::SendRecv => f64::NAN,
                     })
                 }));
             }
@@ -807,7 +848,7 @@ impl Bench<'_> {
     fn time<T: PerfElem>(
         &mut self,
         lib: Lib,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         op: Option<RedOp>,
         inplace: bool,
@@ -815,10 +856,10 @@ impl Bench<'_> {
     ) -> Result<(Vec<f64>, bool), String> {
         let iters = self.opts.iters;
         for _ in 0..self.opts.warmup {
-            self.launch(lib, coll, shape, op, inplace, bufs)?;
+            self.launch(lib, kind, shape, op, inplace, bufs)?;
         }
         if self.opts.graph {
-            match self.capture(lib, coll, shape, op, inplace, bufs) {
+            match self.capture(lib, kind, shape, op, inplace, bufs) {
                 Ok(graphs) => {
                     self.ensure_events(GRAPH_REPLAYS + 1)?;
                     for g in &graphs {
@@ -839,7 +880,7 @@ impl Bench<'_> {
                     self.note(format!(
                         "CUDA-graph capture failed for {} {} ({e}); timing eager launches instead",
                         lib.name(),
-                        coll.name()
+                        kind.name()
                     ));
                     self.sync()?;
                 }
@@ -848,7 +889,7 @@ impl Bench<'_> {
         self.ensure_events(iters + 1)?;
         self.record_all(0)?;
         for k in 0..iters {
-            self.launch(lib, coll, shape, op, inplace, bufs)?;
+            self.launch(lib, kind, shape, op, inplace, bufs)?;
             self.record_all(k + 1)?;
         }
         Ok((self.read_times(iters, 1)?, false))
@@ -860,7 +901,7 @@ impl Bench<'_> {
     fn capture<T: PerfElem>(
         &mut self,
         lib: Lib,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         op: Option<RedOp>,
         inplace: bool,
@@ -879,7 +920,7 @@ impl Bench<'_> {
                         begun += 1;
                     }
                     for _ in 0..iters {
-                        self.launch(lib, coll, shape, op, inplace, bufs)?;
+                        self.launch(lib, kind, shape, op, inplace, bufs)?;
                     }
                     Ok(())
                 })();
@@ -914,7 +955,7 @@ impl Bench<'_> {
                         drv("cuStreamWaitEvent", s.wait(&fork))?;
                     }
                     for _ in 0..iters {
-                        self.launch(lib, coll, shape, op, inplace, bufs)?;
+                        self.launch(lib, kind, shape, op, inplace, bufs)?;
                     }
                     for (r, s) in streams.iter().enumerate().skip(1) {
                         let e = drv("cuEventCreate", self.comm.context(r).new_event(None))?;

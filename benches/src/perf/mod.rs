@@ -1,13 +1,13 @@
 //! `ringccl-perf`: ringccl's collectives next to NCCL's, as nccl-tests measures them.
 //!
 //! * [`args`]: the command line;
-//! * [`coll`]: buffer shapes and bus-bandwidth factors;
+//! * [`coll`]: the collectives measured, buffer shapes and bus-bandwidth factors;
 //! * [`data`]: exactly checkable inputs and expected values;
 //! * [`report`]: records, the table, JSON and CSV;
 //! * [`svg`]: the plot;
 //! * [`nccl`]: NCCL through cudarc's raw layer;
 //! * [`gpu`]: the measurements;
-//! * [`progress`]: the progress line.
+//! * [`progress`]: the progress bar.
 
 pub mod args;
 pub mod coll;

@@ -9,9 +9,9 @@ use std::ffi::c_void;
 
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
-use ringccl::RedOp;
+use ringccl::{CollectiveKind, RedOp};
 
-use super::coll::{Coll, Shape};
+use super::coll::Shape;
 
 /// An NCCL error as text (cudarc's `NcclError` has no `Display` and its `Debug` hides the code).
 pub fn err_text(e: result::NcclError) -> String {
@@ -60,7 +60,7 @@ impl Nccl {
     #[allow(clippy::too_many_arguments)]
     pub fn enqueue(
         &self,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         dtype: sys::ncclDataType_t,
         elt: usize,
@@ -74,7 +74,7 @@ impl Nccl {
         let mut first_err = None;
         for (r, &comm) in self.comms.iter().enumerate() {
             if let Err(e) = self.one(
-                coll, shape, dtype, elt, op, root, send[r], recv[r], comm, streams[r],
+                kind, shape, dtype, elt, op, root, send[r], recv[r], comm, streams[r],
             ) {
                 first_err = Some(format!("rank {r}: {e}"));
                 break;
@@ -90,7 +90,7 @@ impl Nccl {
     #[allow(clippy::too_many_arguments)]
     fn one(
         &self,
-        coll: Coll,
+        kind: CollectiveKind,
         shape: &Shape,
         dtype: sys::ncclDataType_t,
         elt: usize,
@@ -117,13 +117,17 @@ impl Nccl {
         // (allocated by the caller for the largest size); the stream belongs to the rank's
         // device; the communicator is alive.
         let res = unsafe {
-            match coll {
-                Coll::AllReduce => result::all_reduce(sp, rp, c, dtype, red, comm, s),
-                Coll::ReduceScatter => result::reduce_scatter(sp, rp, c, dtype, red, comm, s),
-                Coll::AllGather => result::all_gather(sp, rp, c, dtype, comm, s),
-                Coll::Broadcast => result::broadcast(sp, rp, c, dtype, root, comm, s),
-                Coll::Reduce => result::reduce(sp, rp, c, dtype, red, root, comm, s),
-                Coll::AllToAll => {
+            use CollectiveKind as K;
+            match kind {
+                K::AllReduce => result::all_reduce(sp, rp, c, dtype, red, comm, s),
+                K::ReduceScatter => result::reduce_scatter(sp, rp, c, dtype, red, comm, s),
+                K::AllGather => result::all_gather(sp, rp, c, dtype, comm, s),
+                K::Broadcast => result::broadcast(sp, rp, c, dtype, root, comm, s),
+                K::Reduce => result::reduce(sp, rp, c, dtype, red, root, comm, s),
+                K::Gather | K::Scatter | K::SendRecv => {
+                    return Err(format!("ringccl-perf does not measure {kind} with NCCL"));
+                }
+                K::AllToAll => {
                     // As nccl-tests: one send and one receive per peer, in the group.
                     let block = (c * elt) as u64;
                     let mut res = Ok(result::NcclStatus::Success);

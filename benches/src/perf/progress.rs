@@ -1,61 +1,51 @@
-//! A one-line progress indicator on stderr (`\r`-rewritten), only when stderr is a terminal.
+//! The progress bar (indicatif) on stderr, drawn only when stderr is a terminal.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// The bar's layout: `[###############               ]  50% (5/10) all_reduce f32 sum 1024 B`.
+const TEMPLATE: &str = "[{bar:30}] {percent:>3}% ({pos}/{len}) {msg}";
+
+/// Progress over the measurements of a run.
 pub struct Progress {
-    enabled: bool,
-    total: usize,
-    done: usize,
-    shown: bool,
+    bar: ProgressBar,
 }
 
 impl Progress {
-    /// `total` steps; shown only if `wanted` and stderr is a terminal.
+    /// `total` steps; drawn only if `wanted` and stderr is a terminal.
     pub fn new(total: usize, wanted: bool) -> Progress {
+        let target = if wanted && std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let style = ProgressStyle::with_template(TEMPLATE)
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("# ");
         Progress {
-            enabled: wanted && std::io::stderr().is_terminal(),
-            total: total.max(1),
-            done: 0,
-            shown: false,
+            bar: ProgressBar::with_draw_target(Some(total as u64), target).with_style(style),
         }
-    }
-
-    /// The text of the line for `done` of `total` steps.
-    pub fn line(done: usize, total: usize, label: &str) -> String {
-        let pct = done * 100 / total.max(1);
-        let width = 30;
-        let filled = (done * width / total.max(1)).min(width);
-        format!(
-            "[{}{}] {pct:3}% ({done}/{total}) {label}",
-            "#".repeat(filled),
-            " ".repeat(width - filled)
-        )
     }
 
     /// Shows that `label` is being worked on.
-    pub fn show(&mut self, label: &str) {
-        if !self.enabled {
-            return;
-        }
-        let mut e = std::io::stderr().lock();
-        let _ = write!(e, "\r\x1b[K{}", Self::line(self.done, self.total, label));
-        let _ = e.flush();
-        self.shown = true;
+    pub fn show(&self, label: &str) {
+        self.bar.set_message(label.to_string());
     }
 
     /// One step done.
-    pub fn step(&mut self) {
-        self.done = (self.done + 1).min(self.total);
+    pub fn step(&self) {
+        self.bar.inc(1);
     }
 
-    /// Erases the line (before printing to stdout, and at the end).
-    pub fn clear(&mut self) {
-        if self.enabled && self.shown {
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[K");
-            let _ = e.flush();
-            self.shown = false;
-        }
+    /// Runs `f` (which prints to stdout) with the bar taken off the terminal meanwhile.
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
+    }
+
+    /// Removes the bar (at the end).
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
     }
 }
 
@@ -64,11 +54,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn line_format() {
-        let l = Progress::line(5, 10, "all_reduce f32 sum 1024 B");
-        assert!(l.contains(" 50% (5/10) all_reduce"));
-        assert_eq!(l.matches('#').count(), 15);
-        assert!(Progress::line(10, 10, "").contains("100%"));
-        assert!(Progress::line(0, 0, "").contains("  0%"));
+    fn counts_steps_without_drawing() {
+        assert!(ProgressStyle::with_template(TEMPLATE).is_ok());
+        // Not wanted: hidden, but still counting.
+        let p = Progress::new(10, false);
+        assert!(p.bar.is_hidden());
+        p.show("all_reduce f32 sum 1024 B");
+        p.step();
+        p.step();
+        assert_eq!(p.bar.position(), 2);
+        assert_eq!(p.suspend(|| 7), 7);
+        p.finish();
+        // Under the test harness stderr is captured, not a terminal.
+        if !std::io::stderr().is_terminal() {
+            assert!(Progress::new(3, true).bar.is_hidden());
+        }
     }
 }

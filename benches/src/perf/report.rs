@@ -1,15 +1,23 @@
-//! Results: the records, the nccl-tests-like table, and the JSON and CSV writers.
+//! Results: the records, the nccl-tests-like table, and the JSON and CSV files (serde).
 
 use std::fmt::Write as _;
 
+use serde::{Serialize, Serializer};
+
 /// One measurement: one library, one collective, type, operator, size and placement.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Serialised (JSON object, CSV row) with the fields in this order and under these names;
+/// a time or bandwidth that is not finite (not measured) is `null` in JSON and an empty CSV
+/// field.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Record {
+    /// The collective's name (`all_reduce`, ...).
     pub collective: &'static str,
     /// Rust name (`f32`, `bf16`, ...).
     pub dtype: &'static str,
     /// `sum`, ..., or `none` for data movement.
     pub op: &'static str,
+    /// The root rank, for collectives that have one.
     pub root: Option<usize>,
     /// The size column: the larger buffer, in bytes.
     pub bytes: usize,
@@ -17,22 +25,42 @@ pub struct Record {
     pub count: usize,
     /// `ringccl` or `nccl`.
     pub lib: &'static str,
+    /// Whether the call ran in place.
     pub inplace: bool,
     /// Median per-iteration time (slowest rank), microseconds; NaN on error.
+    #[serde(serialize_with = "finite")]
     pub time_us: f64,
+    /// Smallest per-iteration time, microseconds.
+    #[serde(serialize_with = "finite")]
     pub time_us_min: f64,
+    /// Mean per-iteration time, microseconds.
+    #[serde(serialize_with = "finite")]
     pub time_us_mean: f64,
     /// GB/s (1e9 bytes per second).
+    #[serde(serialize_with = "finite")]
     pub algbw: f64,
+    /// algbw times the collective's bus factor, GB/s.
+    #[serde(serialize_with = "finite")]
     pub busbw: f64,
     /// Wrong elements over the check iterations; `None` when not checked.
     pub wrong: Option<usize>,
+    /// Ranks (one GPU each).
     pub ngpus: usize,
     /// Whether the time comes from CUDA-graph replays.
     pub graph: bool,
     /// Timed samples behind the statistics (iterations, or graph replays).
     pub samples: usize,
+    /// Why the measurement failed, if it did.
     pub error: Option<String>,
+}
+
+/// A number, or nothing (JSON `null`, an empty CSV field) when it is not finite.
+fn finite<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if x.is_finite() {
+        s.serialize_f64(*x)
+    } else {
+        s.serialize_none()
+    }
 }
 
 /// Timing statistics of a list of per-iteration times.
@@ -79,22 +107,40 @@ pub fn bandwidths(bytes: usize, time_us: f64, factor: f64) -> (f64, f64) {
     (algbw, algbw * factor)
 }
 
-/// The run's description, written beside the records.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The run's description, written beside the records (the JSON file's `meta`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Meta {
+    /// When the run started, `YYYY-MM-DDTHH:MM:SSZ`.
     pub date: String,
+    /// The command line, program name first.
     pub command: Vec<String>,
-    /// (ordinal, name) per rank.
-    pub gpus: Vec<(usize, String)>,
+    /// The GPU of each rank, in rank order.
+    pub gpus: Vec<Gpu>,
     /// `cuDriverGetVersion`, e.g. 13000.
     pub driver_version: Option<i32>,
+    /// NCCL's version (`2.28.3`), when it was loaded.
     pub nccl_version: Option<String>,
+    /// This crate's version.
     pub ringccl_version: String,
+    /// `-n`.
     pub iters: usize,
+    /// `-w`.
     pub warmup: usize,
+    /// `-c`.
     pub check_iters: usize,
+    /// `-G 1`.
     pub graph_requested: bool,
+    /// What happened that the records do not say (a library missing, a capture failing...).
     pub notes: Vec<String>,
+}
+
+/// One rank's GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Gpu {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Device name.
+    pub name: String,
 }
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
@@ -128,153 +174,40 @@ pub fn utc_from_unix(secs: u64) -> String {
     )
 }
 
-/// A JSON string literal.
-pub fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+/// The whole results file: `{"meta": {...}, "records": [...]}`, one record per line.
+pub fn to_json(meta: &Meta, records: &[Record]) -> Result<String, String> {
+    fn json<T: Serialize>(v: &T) -> Result<String, String> {
+        serde_json::to_string(v).map_err(|e| format!("JSON: {e}"))
     }
-    out.push('"');
-    out
-}
-
-/// A JSON number, or `null` when not finite.
-pub fn json_num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x}")
-    } else {
-        "null".into()
-    }
-}
-
-fn json_opt<T: std::fmt::Display>(x: Option<T>) -> String {
-    x.map_or_else(|| "null".into(), |v| v.to_string())
-}
-
-fn json_opt_str(x: Option<&str>) -> String {
-    x.map_or_else(|| "null".into(), json_str)
-}
-
-/// One record as a JSON object.
-pub fn record_json(r: &Record) -> String {
-    format!(
-        "{{\"collective\":{},\"dtype\":{},\"op\":{},\"root\":{},\"bytes\":{},\"count\":{},\"lib\":{},\"inplace\":{},\"time_us\":{},\"time_us_min\":{},\"time_us_mean\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"ngpus\":{},\"graph\":{},\"samples\":{},\"error\":{}}}",
-        json_str(r.collective),
-        json_str(r.dtype),
-        json_str(r.op),
-        json_opt(r.root),
-        r.bytes,
-        r.count,
-        json_str(r.lib),
-        r.inplace,
-        json_num(r.time_us),
-        json_num(r.time_us_min),
-        json_num(r.time_us_mean),
-        json_num(r.algbw),
-        json_num(r.busbw),
-        json_opt(r.wrong),
-        r.ngpus,
-        r.graph,
-        r.samples,
-        json_opt_str(r.error.as_deref()),
-    )
-}
-
-/// The whole results file: `{"meta": {...}, "records": [...]}`.
-pub fn to_json(meta: &Meta, records: &[Record]) -> String {
-    let list = |v: Vec<String>| format!("[{}]", v.join(","));
-    let gpus = list(
-        meta.gpus
-            .iter()
-            .map(|(o, n)| format!("{{\"ordinal\":{o},\"name\":{}}}", json_str(n)))
-            .collect(),
-    );
-    let mut out = String::new();
-    out.push_str("{\n\"meta\":{");
-    let _ = write!(
-        out,
-        "\"date\":{},\"command\":{},\"gpus\":{},\"driver_version\":{},\"nccl_version\":{},\"ringccl_version\":{},\"iters\":{},\"warmup\":{},\"check_iters\":{},\"graph_requested\":{},\"notes\":{}",
-        json_str(&meta.date),
-        list(meta.command.iter().map(|a| json_str(a)).collect()),
-        gpus,
-        json_opt(meta.driver_version),
-        json_opt_str(meta.nccl_version.as_deref()),
-        json_str(&meta.ringccl_version),
-        meta.iters,
-        meta.warmup,
-        meta.check_iters,
-        meta.graph_requested,
-        list(meta.notes.iter().map(|a| json_str(a)).collect()),
-    );
-    out.push_str("},\n\"records\":[");
+    let mut out = format!("{{\n\"meta\":{},\n\"records\":[", json(meta)?);
     for (i, r) in records.iter().enumerate() {
         out.push_str(if i == 0 { "\n" } else { ",\n" });
-        out.push_str(&record_json(r));
+        out.push_str(&json(r)?);
     }
     out.push_str("\n]\n}\n");
-    out
+    Ok(out)
 }
 
-/// The CSV columns.
-pub const CSV_HEADER: &str = "collective,dtype,op,root,bytes,count,lib,inplace,time_us,time_us_min,time_us_mean,algbw,busbw,wrong,ngpus,graph,samples,error";
-
-/// A CSV field, quoted when needed.
-pub fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
+/// The records as CSV: a header line with [`Record`]'s field names, then one row each.
+pub fn to_csv(records: &[Record]) -> Result<String, String> {
+    // serde names the columns when it writes the first row: without records, write a
+    // placeholder's and keep the header only.
+    let placeholder = [Record::default()];
+    let rows = if records.is_empty() {
+        &placeholder[..]
     } else {
-        s.to_string()
+        records
+    };
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for r in rows {
+        w.serialize(r).map_err(|e| format!("CSV: {e}"))?;
     }
-}
-
-fn csv_num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x}")
-    } else {
-        String::new()
+    let bytes = w.into_inner().map_err(|e| format!("CSV: {}", e.error()))?;
+    let mut out = String::from_utf8(bytes).map_err(|e| format!("CSV: {e}"))?;
+    if records.is_empty() {
+        out.truncate(out.find('\n').map_or(0, |i| i + 1));
     }
-}
-
-/// The records as CSV, with a header line.
-pub fn to_csv(records: &[Record]) -> String {
-    let mut out = String::from(CSV_HEADER);
-    out.push('\n');
-    for r in records {
-        let fields = [
-            r.collective.to_string(),
-            r.dtype.to_string(),
-            r.op.to_string(),
-            r.root.map_or(String::new(), |x| x.to_string()),
-            r.bytes.to_string(),
-            r.count.to_string(),
-            r.lib.to_string(),
-            r.inplace.to_string(),
-            csv_num(r.time_us),
-            csv_num(r.time_us_min),
-            csv_num(r.time_us_mean),
-            csv_num(r.algbw),
-            csv_num(r.busbw),
-            r.wrong.map_or(String::new(), |x| x.to_string()),
-            r.ngpus.to_string(),
-            r.graph.to_string(),
-            r.samples.to_string(),
-            csv_field(r.error.as_deref().unwrap_or("")),
-        ];
-        out.push_str(&fields.join(","));
-        out.push('\n');
-    }
-    out
+    Ok(out)
 }
 
 /// The table's column headers (nccl-tests' layout, with a `lib` column and busbw ratios).
@@ -417,18 +350,68 @@ mod tests {
         assert_eq!(utc_now().len(), 20);
     }
 
+    /// The fields, in order, that the JSON objects and the CSV header have.
+    const FIELDS: [&str; 18] = [
+        "collective",
+        "dtype",
+        "op",
+        "root",
+        "bytes",
+        "count",
+        "lib",
+        "inplace",
+        "time_us",
+        "time_us_min",
+        "time_us_mean",
+        "algbw",
+        "busbw",
+        "wrong",
+        "ngpus",
+        "graph",
+        "samples",
+        "error",
+    ];
+
     #[test]
-    fn json_escapes_and_shape() {
-        assert_eq!(json_str("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\u0001\"");
-        assert_eq!(json_num(1.5), "1.5");
-        assert_eq!(json_num(f64::NAN), "null");
+    fn record_as_json_object() {
+        let j = serde_json::to_string(&rec("ringccl", false, 1024, 3.0)).unwrap();
+        assert_eq!(
+            j,
+            "{\"collective\":\"all_reduce\",\"dtype\":\"f32\",\"op\":\"sum\",\"root\":null,\
+             \"bytes\":1024,\"count\":256,\"lib\":\"ringccl\",\"inplace\":false,\
+             \"time_us\":12.5,\"time_us_min\":11.0,\"time_us_mean\":12.75,\"algbw\":2.0,\
+             \"busbw\":3.0,\"wrong\":0,\"ngpus\":4,\"graph\":false,\"samples\":20,\"error\":null}"
+        );
+        // Not measured: null numbers, the error as a JSON string.
         let mut bad = rec("nccl", true, 1024, f64::NAN);
-        bad.error = Some("ncclInvalidUsage \"x\"".into());
+        bad.root = Some(1);
         bad.wrong = None;
+        bad.error = Some("ncclInvalidUsage \"x\"\n".into());
+        let v: serde_json::Value = serde_json::to_value(&bad).unwrap();
+        assert!(v["busbw"].is_null() && v["algbw"].is_null() && v["wrong"].is_null());
+        assert_eq!(v["root"], 1);
+        assert_eq!(v["error"], "ncclInvalidUsage \"x\"\n");
+        // Every field, in order.
+        let j = serde_json::to_string(&bad).unwrap();
+        let pos: Vec<usize> = FIELDS
+            .iter()
+            .map(|f| j.find(&format!("\"{f}\":")).unwrap())
+            .collect();
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "{j}");
+        assert_eq!(v.as_object().unwrap().len(), FIELDS.len());
+    }
+
+    #[test]
+    fn results_file() {
+        let mut bad = rec("nccl", true, 1024, f64::NAN);
+        bad.error = Some("ncclInvalidUsage".into());
         let meta = Meta {
             date: "2026-01-01T00:00:00Z".into(),
             command: vec!["ringccl-perf".into(), "-b".into(), "8".into()],
-            gpus: vec![(0, "NVIDIA H200".into())],
+            gpus: vec![Gpu {
+                ordinal: 0,
+                name: "NVIDIA H200".into(),
+            }],
             driver_version: Some(13000),
             nccl_version: Some("2.27.3".into()),
             ringccl_version: "0.1.0".into(),
@@ -438,53 +421,50 @@ mod tests {
             graph_requested: false,
             notes: vec![],
         };
-        let j = to_json(&meta, &[rec("ringccl", false, 1024, 3.0), bad]);
-        for needle in [
-            "\"meta\":{\"date\":\"2026-01-01T00:00:00Z\"",
-            "\"command\":[\"ringccl-perf\",\"-b\",\"8\"]",
-            "\"gpus\":[{\"ordinal\":0,\"name\":\"NVIDIA H200\"}]",
-            "\"driver_version\":13000",
-            "\"nccl_version\":\"2.27.3\"",
-            "\"lib\":\"ringccl\",\"inplace\":false,\"time_us\":12.5",
-            "\"busbw\":3,\"wrong\":0,\"ngpus\":4,\"graph\":false",
-            "\"busbw\":null,\"wrong\":null",
-            "\"error\":\"ncclInvalidUsage \\\"x\\\"\"",
-            "\"root\":null",
-        ] {
-            assert!(j.contains(needle), "{needle} missing in {j}");
-        }
-        // Balanced brackets and braces outside strings.
-        let (mut depth, mut in_str, mut esc) = (0i32, false, false);
-        for c in j.chars() {
-            match (in_str, esc, c) {
-                (true, true, _) => esc = false,
-                (true, false, '\\') => esc = true,
-                (true, false, '"') => in_str = false,
-                (false, _, '"') => in_str = true,
-                (false, _, '{' | '[') => depth += 1,
-                (false, _, '}' | ']') => {
-                    depth -= 1;
-                    assert!(depth >= 0);
-                }
-                _ => {}
-            }
-        }
-        assert_eq!((depth, in_str), (0, false));
-        assert_eq!(j.matches("\"collective\"").count(), 2);
+        let recs = [rec("ringccl", false, 1024, 3.0), bad];
+        let j = to_json(&meta, &recs).unwrap();
+        let lines: Vec<&str> = j.lines().collect();
+        assert_eq!(lines.len(), 7, "{j}");
+        assert_eq!(
+            lines[1],
+            "\"meta\":{\"date\":\"2026-01-01T00:00:00Z\",\"command\":[\"ringccl-perf\",\"-b\",\"8\"],\
+             \"gpus\":[{\"ordinal\":0,\"name\":\"NVIDIA H200\"}],\"driver_version\":13000,\
+             \"nccl_version\":\"2.27.3\",\"ringccl_version\":\"0.1.0\",\"iters\":20,\"warmup\":5,\
+             \"check_iters\":1,\"graph_requested\":false,\"notes\":[]},"
+        );
+        assert_eq!(
+            lines[3].trim_end_matches(','),
+            serde_json::to_string(&recs[0]).unwrap()
+        );
+        // What the table script reads.
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["meta"]["gpus"][0]["name"], "NVIDIA H200");
+        assert_eq!(v["records"].as_array().unwrap().len(), 2);
+        assert_eq!(v["records"][0]["busbw"], 3.0);
+        assert_eq!(v["records"][1]["inplace"], true);
+        let empty: serde_json::Value = serde_json::from_str(&to_json(&meta, &[]).unwrap()).unwrap();
+        assert_eq!(empty["records"].as_array().unwrap().len(), 0);
     }
 
     #[test]
-    fn csv_rows() {
+    fn csv_header_and_rows() {
         let mut bad = rec("nccl", true, 64, f64::NAN);
         bad.error = Some("a, \"b\"".into());
-        let c = to_csv(&[rec("ringccl", false, 64, 2.0), bad]);
+        bad.wrong = None;
+        let c = to_csv(&[rec("ringccl", false, 64, 2.0), bad]).unwrap();
         let lines: Vec<&str> = c.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert_eq!(lines[0], CSV_HEADER);
-        let ncols = CSV_HEADER.split(',').count();
-        assert_eq!(lines[1].split(',').count(), ncols);
-        assert!(lines[1].starts_with("all_reduce,f32,sum,,64,16,ringccl,false,12.5,11,12.75,"));
-        assert!(lines[2].ends_with(",\"a, \"\"b\"\"\""));
+        assert_eq!(lines[0], FIELDS.join(","));
+        assert_eq!(
+            lines[1],
+            "all_reduce,f32,sum,,64,16,ringccl,false,12.5,11.0,12.75,1.3333333333333333,2.0,0,4,false,20,"
+        );
+        assert_eq!(
+            lines[2],
+            "all_reduce,f32,sum,,64,16,nccl,true,12.5,11.0,12.75,,,,4,false,20,\"a, \"\"b\"\"\""
+        );
+        // No records: the header alone.
+        assert_eq!(to_csv(&[]).unwrap(), format!("{}\n", FIELDS.join(",")));
     }
 
     #[test]
