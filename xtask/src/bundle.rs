@@ -1,5 +1,5 @@
-//! `cargo xtask gpu-bundle [--out DIR]`: release test and bench binaries plus the PTX in one
-//! folder, with a `run-all.sh`, to carry to a GPU machine that has no Rust toolchain.
+//! `cargo xtask gpu-bundle [--out DIR]`: release test, bench and example binaries plus the PTX in
+//! one folder, with a `run-all.sh`, to copy to a GPU machine that needs no Rust toolchain.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,8 @@ use cargo_metadata::{Message, TargetKind};
 
 use crate::ptx::{workspace_root, ARCHES};
 
-/// The bundle must stay below this, so that it fits a 64 MiB transfer with room to spare.
+/// A guard on the bundle's size: every binary embeds the PTX, so an unexpected binary or PTX
+/// that is no longer deflated shows up here (the error lists each binary's size).
 pub const MAX_BUNDLE_BYTES: u64 = 60_000_000;
 
 /// One executable cargo built.
