@@ -1,14 +1,16 @@
-//! `cargo xtask gpu-bundle [--out DIR]`: release test and bench binaries plus the PTX in one
-//! folder, with a `run-all.sh`, to carry to a GPU machine that has no Rust toolchain.
+//! `cargo xtask gpu-bundle [--out DIR]`: release test, bench and example binaries plus the PTX in
+//! one folder, with a `run-all.sh`, to copy to a GPU machine that needs no Rust toolchain.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::json::Json;
+use cargo_metadata::{Message, TargetKind};
+
 use crate::ptx::{workspace_root, ARCHES};
 
-/// The bundle must stay below this (it is carried with a 64 MiB limit).
+/// A guard on the bundle's size: every binary embeds the PTX, so an unexpected binary or PTX
+/// that is no longer deflated shows up here (the error lists each binary's size).
 pub const MAX_BUNDLE_BYTES: u64 = 60_000_000;
 
 /// One executable cargo built.
@@ -22,52 +24,67 @@ pub struct Artifact {
     pub harness: bool,
 }
 
-/// Reads cargo's `--message-format=json` stdout: every `compiler-artifact` with an executable.
-pub fn executables(json_lines: &str) -> Vec<Artifact> {
+/// Reads cargo's `--message-format=json` stdout: every `compiler-artifact` with an executable,
+/// each path once. Lines that are not cargo messages are skipped; a `compiler-artifact` message
+/// that cannot be read is an error (so that a binary is never left out silently).
+pub fn executables(cargo_stdout: &[u8]) -> Result<Vec<Artifact>, String> {
     let mut out: Vec<Artifact> = Vec::new();
-    for line in json_lines.lines() {
-        let Some(msg) = Json::parse(line) else {
+    for (n, msg) in Message::parse_stream(cargo_stdout).enumerate() {
+        let msg = msg.map_err(|e| format!("cannot read line {} of cargo's output: {e}", n + 1))?;
+        let art = match msg {
+            Message::CompilerArtifact(art) => art,
+            Message::TextLine(line) => {
+                check_not_an_artifact(&line).map_err(|e| format!("line {}: {e}", n + 1))?;
+                continue;
+            }
+            _ => continue,
+        };
+        let Some(exe) = art.executable else {
             continue;
         };
-        if msg.get("reason").and_then(Json::as_str) != Some("compiler-artifact") {
-            continue;
-        }
-        let Some(exe) = msg.get("executable").and_then(Json::as_str) else {
-            continue;
-        };
-        let target = msg.get("target");
         let a = Artifact {
-            path: PathBuf::from(exe),
-            kind: match target
-                .and_then(|t| t.get("kind"))
-                .map(Json::as_array)
-                .and_then(|k| k.first())
-                .and_then(Json::as_str)
-                .unwrap_or("?")
-            {
-                "rlib" | "dylib" | "cdylib" | "staticlib" | "proc-macro" => "lib".to_string(),
-                k => k.to_string(),
+            path: exe.into_std_path_buf(),
+            kind: match art.target.kind.first() {
+                Some(
+                    TargetKind::Lib
+                    | TargetKind::RLib
+                    | TargetKind::DyLib
+                    | TargetKind::CDyLib
+                    | TargetKind::StaticLib
+                    | TargetKind::ProcMacro,
+                ) => "lib".to_string(),
+                Some(k) => k.to_string(),
+                None => "?".to_string(),
             },
-            target: target
-                .and_then(|t| t.get("name"))
-                .and_then(Json::as_str)
-                .unwrap_or("?")
-                .to_string(),
-            harness: msg
-                .get("profile")
-                .and_then(|p| p.get("test"))
-                .and_then(Json::as_bool)
-                .unwrap_or(false),
+            target: art.target.name,
+            harness: art.profile.test,
         };
         if !out.iter().any(|b| b.path == a.path) {
             out.push(a);
         }
     }
-    out
+    Ok(out)
+}
+
+/// `parse_stream` turns a message it cannot read into a text line: fails, with serde's reason,
+/// when that line is a `compiler-artifact` message.
+fn check_not_an_artifact(line: &str) -> Result<(), String> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
+        return Ok(()); // not JSON: plain text
+    };
+    if value.get("reason").and_then(serde_json::Value::as_str) != Some("compiler-artifact") {
+        return Ok(()); // a message kind cargo_metadata does not know
+    }
+    match serde_json::from_value::<cargo_metadata::Artifact>(value) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "cannot read cargo's compiler-artifact message: {e}"
+        )),
+    }
 }
 
 /// Runs cargo with JSON messages (its progress still goes to the terminal); returns stdout.
-fn cargo_json(root: &Path, args: &[&str]) -> Result<String, String> {
+fn cargo_json(root: &Path, args: &[&str]) -> Result<Vec<u8>, String> {
     let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
     println!("$ cargo {}", args.join(" "));
     let out = Command::new(&cargo)
@@ -83,7 +100,12 @@ fn cargo_json(root: &Path, args: &[&str]) -> Result<String, String> {
             out.status
         ));
     }
-    String::from_utf8(out.stdout).map_err(|e| format!("cargo printed non-UTF-8 JSON: {e}"))
+    Ok(out.stdout)
+}
+
+/// [`cargo_json`] then [`executables`], with the command in any error.
+fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Artifact>, String> {
+    executables(&cargo_json(root, args)?).map_err(|e| format!("`cargo {}`: {e}", args.join(" ")))
 }
 
 /// How many tests (ignored ones included) a libtest binary holds; `None` if it cannot say.
@@ -230,7 +252,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         }
     }
 
-    let tests = cargo_json(
+    let tests = cargo_executables(
         &root,
         &[
             "test",
@@ -244,7 +266,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
     )?;
     // Every binary that links the host library embeds both PTX files (about 11 MB): leave out
     // the test binaries that hold no test at all.
-    let (tests, empty): (Vec<Artifact>, Vec<Artifact>) = executables(&tests)
+    let (tests, empty): (Vec<Artifact>, Vec<Artifact>) = tests
         .into_iter()
         .filter(|a| a.harness)
         .partition(|a| test_count(&a.path) != Some(0));
@@ -255,7 +277,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
             .collect();
         println!("left out (no tests): {}", names.join(" "));
     }
-    let benches = cargo_json(
+    let benches = cargo_executables(
         &root,
         &[
             "bench",
@@ -265,11 +287,8 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         ],
     )?;
     // `cargo bench` also builds every library's unit tests in bench mode: keep the bench targets.
-    let benches: Vec<Artifact> = executables(&benches)
-        .into_iter()
-        .filter(|a| a.kind == "bench")
-        .collect();
-    let bins = cargo_json(
+    let benches: Vec<Artifact> = benches.into_iter().filter(|a| a.kind == "bench").collect();
+    let bins = cargo_executables(
         &root,
         &[
             "build",
@@ -280,11 +299,8 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
             "--message-format=json-render-diagnostics",
         ],
     )?;
-    let bins: Vec<Artifact> = executables(&bins)
-        .into_iter()
-        .filter(|a| a.kind == "bin")
-        .collect();
-    let examples = cargo_json(
+    let bins: Vec<Artifact> = bins.into_iter().filter(|a| a.kind == "bin").collect();
+    let examples = cargo_executables(
         &root,
         &[
             "build",
@@ -295,7 +311,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
             "--message-format=json-render-diagnostics",
         ],
     )?;
-    let examples: Vec<Artifact> = executables(&examples)
+    let examples: Vec<Artifact> = examples
         .into_iter()
         .filter(|a| a.kind == "example")
         .collect();
@@ -439,18 +455,53 @@ fn set_executable(_: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    const CARGO_OUT: &str = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"crate_types":["lib"],"name":"ringccl","test":true},"profile":{"opt_level":"3","test":false},"filenames":["/t/libringccl.rlib"],"executable":null,"fresh":true}
-{"reason":"compiler-artifact","target":{"kind":["rlib"],"crate_types":["rlib"],"name":"ringccl","test":true},"profile":{"opt_level":"3","test":true},"filenames":["/t/deps/ringccl-aa"],"executable":"/t/deps/ringccl-aa","fresh":false}
-{"reason":"compiler-message","message":{"rendered":"warning"}}
-{"reason":"compiler-artifact","target":{"kind":["bin"],"crate_types":["bin"],"name":"ringccl-perf","test":true},"profile":{"opt_level":"3","test":false},"filenames":["/t/ringccl-perf"],"executable":"/t/ringccl-perf","fresh":false}
-{"reason":"compiler-artifact","target":{"kind":["test"],"crate_types":["bin"],"name":"all_reduce","test":true},"profile":{"opt_level":"3","test":true},"filenames":["/t/deps/all_reduce-bb"],"executable":"/t/deps/all_reduce-bb","fresh":false}
-{"reason":"compiler-artifact","target":{"kind":["bench"],"crate_types":["bin"],"name":"kernels","test":false},"profile":{"opt_level":"3","test":true},"filenames":["/t/deps/kernels-cc"],"executable":"/t/deps/kernels-cc","fresh":false}
-{"reason":"build-finished","success":true}
-"#;
+    /// A `compiler-artifact` line as cargo 1.95 prints it.
+    fn artifact(kind: &str, name: &str, test: bool, exe: Option<&str>) -> String {
+        let crate_type = if kind == "lib" { "lib" } else { "bin" };
+        serde_json::json!({
+            "reason": "compiler-artifact",
+            "package_id": "path+file:///t/host#ringccl@0.1.0",
+            "manifest_path": "/t/host/Cargo.toml",
+            "target": {
+                "kind": [kind], "crate_types": [crate_type], "name": name,
+                "src_path": "/t/host/src/lib.rs", "edition": "2021",
+                "doc": true, "doctest": false, "test": true
+            },
+            "profile": {
+                "opt_level": "3", "debuginfo": 0, "debug_assertions": false,
+                "overflow_checks": false, "test": test
+            },
+            "features": [],
+            "filenames": [exe.unwrap_or("/t/libx.rlib")],
+            "executable": exe,
+            "fresh": false
+        })
+        .to_string()
+    }
+
+    fn cargo_out() -> String {
+        [
+            artifact("lib", "ringccl", false, None),
+            artifact("rlib", "ringccl", true, Some("/t/deps/ringccl-aa")),
+            r#"{"reason":"compiler-message","package_id":"path+file:///t/host#ringccl@0.1.0","manifest_path":"/t/host/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"name":"ringccl","src_path":"/t/host/src/lib.rs","edition":"2021","doc":true,"doctest":true,"test":true},"message":{"rendered":"warning: unused","$message_type":"diagnostic","children":[],"code":null,"level":"warning","message":"unused","spans":[]}}"#.to_string(),
+            r#"{"reason":"build-script-executed","package_id":"registry+https://github.com/rust-lang/crates.io-index#serde@1.0.229","linked_libs":[],"linked_paths":[],"cfgs":[],"env":[],"out_dir":"/t/build/serde-1/out"}"#.to_string(),
+            r#"{"reason":"some-future-message","x":1}"#.to_string(),
+            "   Compiling ringccl v0.1.0 (not JSON)".to_string(),
+            artifact("bin", "ringccl-perf", false, Some("/t/ringccl-perf")),
+            artifact("test", "all_reduce", true, Some("/t/deps/all_reduce-bb")),
+            artifact("bench", "kernels", true, Some("/t/deps/kernels-cc")),
+            artifact("example", "two_gpus", false, Some("/t/examples/two_gpus")),
+            // The same binary again (fresh): listed once.
+            artifact("test", "all_reduce", true, Some("/t/deps/all_reduce-bb")),
+            r#"{"reason":"build-finished","success":true}"#.to_string(),
+        ]
+        .join("\n")
+            + "\n"
+    }
 
     #[test]
     fn collects_executables_with_kind_and_harness() {
-        let a = executables(CARGO_OUT);
+        let a = executables(cargo_out().as_bytes()).expect("valid cargo output");
         let got: Vec<(&str, &str, &str, bool)> = a
             .iter()
             .map(|a| {
@@ -469,8 +520,38 @@ mod tests {
                 ("/t/ringccl-perf", "bin", "ringccl-perf", false),
                 ("/t/deps/all_reduce-bb", "test", "all_reduce", true),
                 ("/t/deps/kernels-cc", "bench", "kernels", true),
+                ("/t/examples/two_gpus", "example", "two_gpus", false),
             ]
         );
+    }
+
+    #[test]
+    fn reads_a_verbatim_cargo_line() {
+        let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/xtask#0.1.0","manifest_path":"/w/xtask/Cargo.toml","target":{"kind":["bin"],"crate_types":["bin"],"name":"xtask","src_path":"/w/xtask/src/main.rs","edition":"2021","doc":true,"doctest":false,"test":true},"profile":{"opt_level":"0","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":true},"features":[],"filenames":["/w/target/debug/deps/xtask-69b5f7ef0cb3f77f"],"executable":"/w/target/debug/deps/r\u00e9lease/xtask-69b5f7ef0cb3f77f","fresh":false}"#;
+        let a = executables(line.as_bytes()).expect("valid cargo output");
+        assert_eq!(
+            a,
+            [Artifact {
+                path: "/w/target/debug/deps/rélease/xtask-69b5f7ef0cb3f77f".into(),
+                kind: "bin".into(),
+                target: "xtask".into(),
+                harness: true,
+            }]
+        );
+    }
+
+    #[test]
+    fn an_unreadable_artifact_message_is_an_error() {
+        let bad = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"all_reduce"},"executable":"/t/x"}"#;
+        let out = format!("{}\n{bad}\n", artifact("bin", "b", false, Some("/t/b")));
+        let err = executables(out.as_bytes()).expect_err("an artifact without its fields");
+        assert!(
+            err.starts_with("line 2: cannot read cargo's compiler-artifact message"),
+            "{err}"
+        );
+        assert!(err.contains("missing field"), "{err}");
+        assert_eq!(executables(b"").map(|a| a.len()), Ok(0));
+        assert!(executables(b"\xff\xfe not UTF-8\n").is_err());
     }
 
     #[test]

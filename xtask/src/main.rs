@@ -5,7 +5,6 @@
 //! * `gpu-bundle [--out DIR]`: release test/bench binaries + PTX + `run-all.sh` for a GPU machine.
 
 mod bundle;
-mod json;
 mod ptx;
 mod ptxas;
 

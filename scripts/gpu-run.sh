@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (no Rust there): runs what `cargo xtask gpu-bundle` built.
-#   scripts/gpu-session.sh BUNDLE PHASE...   PHASE: tests | bench | perf | perf-full
-# Logs go to $OUT (the device tool brings that folder back); a summary is printed last.
+# Runs the GPU suites and sweeps from a bundle built by `cargo xtask gpu-bundle`, in one call on
+# the GPU machine (which needs no Rust toolchain).
+#   scripts/gpu-run.sh BUNDLE PHASE...   PHASE: tests | bench | perf | perf-full | final
+#     tests      kernel, library and collective GPU tests, then the all_reduce example
+#     bench      the criterion kernel benches
+#     perf       ringccl-perf all_reduce sweep (f32, bf16; 8 B - 1 GiB, factor 4)
+#     perf-full  all_reduce (factor 2, eager and CUDA graphs) and the other collectives
+#     final      collective suite, two-GPU library tests, example, then the all_reduce sweeps
+#                (eager, CUDA graphs, RINGCCL_PEER_BLOCKS=32 and 132), every step under a timeout
+# Logs, JSON, CSV and SVG go to $OUT (default /tmp/ringccl-out): one <step>.log per step,
+# steps.log (the commands), gpus.txt (nvidia-smi); a summary is printed last.
 set -uo pipefail
 B=${1:?bundle dir}
 shift
@@ -22,7 +30,7 @@ SUMMARY=()
 step() { # name cmd...
   local name=$1 t0=$SECONDS rc
   shift
-  echo "=== $name: $*" | tee -a "$OUT/session.log"
+  echo "=== $name: $*" | tee -a "$OUT/steps.log"
   "$@" >"$OUT/$name.log" 2>&1
   rc=$?
   tail -n 6 "$OUT/$name.log"
@@ -55,8 +63,8 @@ for phase in "$@"; do
         --json "$OUT/perf-collectives.json" --csv "$OUT/perf-collectives.csv"
       ;;
     final)
-      # The last call of a session: correctness of everything, then the key sweeps; every step
-      # is bounded so that a hang cannot eat the lease.
+      # Correctness of everything, then the key sweeps; every step is bounded so that a hang
+      # cannot stall the whole run.
       step collectives timeout 170 "$B/tests/test-collectives" --include-ignored --test-threads=1 --nocapture
       step lib-gpu timeout 30 "$B/tests/lib-ringccl" --include-ignored --test-threads=1 two_gpu
       step example timeout 20 "$B/examples/example-all_reduce"
@@ -69,7 +77,7 @@ for phase in "$@"; do
           --lib ringccl --no-progress
       done
       ;;
-    *) echo "unknown phase $phase" ;;
+    *) echo "unknown phase $phase (tests | bench | perf | perf-full | final)" ;;
   esac
 done
 echo
