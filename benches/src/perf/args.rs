@@ -93,6 +93,10 @@ pub struct Options {
     #[arg(short = 'G', long = "cudagraph", value_name = "0|1")]
     #[arg(default_value = "0", value_parser = parse_01, action = ArgAction::Set)]
     pub graph: bool,
+    /// Turn cudarc's event tracking off, as a program that orders its streams by hand does
+    /// (-G 1 implies it)
+    #[arg(long = "untracked")]
+    pub untracked: bool,
     /// Root rank of broadcast and reduce
     #[arg(long, value_name = "R", default_value = "0", value_parser = parse_count)]
     pub root: usize,

@@ -5,7 +5,8 @@
 //! buffers allocated on its streams, the collectives of its public API, no environment
 //! variable set, and cudarc's event tracking as cudarc sets it (on: the communicator's
 //! streams put each context in multi-stream mode, so every call also waits on and records
-//! its buffers' events). Only `-G 1` turns the tracking off, as any caller capturing ringccl
+//! its buffers' events). `--untracked` turns the tracking off, as a program that orders its
+//! streams by hand (like an NCCL program) may; `-G 1` does too, as any caller capturing ringccl
 //! calls on cudarc buffers must: a capture cannot wait on an event recorded outside it.
 
 use std::fmt::Write as _;
@@ -72,7 +73,7 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     let ordinals: Vec<usize> = (0..n).collect();
     let comm = Communicator::new(&ordinals).map_err(|e| e.to_string())?;
     let mut notes = Vec::new();
-    if opts.graph {
+    if opts.graph || opts.untracked {
         for r in 0..n {
             // SAFETY: every buffer ringccl-perf allocates (all of them after this) is used on
             // its rank's one stream only, and the streams are synchronised between phases and
@@ -80,11 +81,13 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
             // gets none either).
             unsafe { comm.context(r).disable_event_tracking() };
         }
-        notes.push(
+        notes.push(if opts.graph {
             "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot \
              wait on events recorded outside it)"
-                .to_string(),
-        );
+                .to_string()
+        } else {
+            "--untracked: cudarc's event tracking is off for the buffers".to_string()
+        });
     }
     let mut libs = opts.libs;
     let nccl = if libs.nccl {
