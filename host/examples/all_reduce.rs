@@ -5,7 +5,8 @@
 //! cargo run --release -p ringccl --example all_reduce [count]
 //! ```
 //!
-//! Without a GPU or driver it says so and exits with status 1.
+//! Without a GPU or driver it says so and exits with status 1. `RINGCCL_DEBUG=info` shows what
+//! ringccl chose (devices, peer access, ring, algorithm, chunk).
 
 use std::process::ExitCode;
 
@@ -40,10 +41,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         bufs.push(comm.stream(r).clone_htod(&host)?);
     }
 
-    let streams: Vec<_> = (0..n).map(|r| comm.stream(r)).collect();
     {
         let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
-        comm.all_reduce(&mut io, count, RedOp::Sum, &streams)?;
+        comm.all_reduce(&mut io, count, RedOp::Sum, comm.streams())?;
     }
 
     let ranks_sum = (n * (n + 1) / 2) as f32;
