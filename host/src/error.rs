@@ -47,7 +47,7 @@ pub enum Error {
         /// Why it was rejected.
         reason: String,
     },
-    /// A call's argument is wrong; the call enqueued nothing.
+    /// A call's argument is wrong; no kernel was launched.
     InvalidArgument {
         /// The rank whose argument is wrong (`None`: not rank-specific).
         rank: Option<usize>,
@@ -104,8 +104,8 @@ impl fmt::Display for Error {
                 write!(f, "device {ordinal} cannot be used: {reason}")
             }
             Error::InvalidArgument { rank, arg, reason } => match rank {
-                Some(r) => write!(f, "invalid {arg:?} argument on rank {r}: {reason} (the call enqueued nothing)"),
-                None => write!(f, "invalid {arg:?} argument: {reason} (the call enqueued nothing)"),
+                Some(r) => write!(f, "invalid {arg:?} argument on rank {r}: {reason} (no kernel was launched)"),
+                None => write!(f, "invalid {arg:?} argument: {reason} (no kernel was launched)"),
             },
             Error::Cuda { call, code, rank } => match rank {
                 Some(r) => write!(f, "CUDA call {call} failed on rank {r} with {code}"),

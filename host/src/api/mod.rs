@@ -128,10 +128,12 @@ impl Communicator {
             op.name(),
             checked.layout
         );
-        // 3. Enqueue. cudarc's event tracking (see `buffer`): wait for earlier tracked accesses
+        // 3. Enqueue (after the last check: all ranks' streams captured into a CUDA graph, or
+        // none). cudarc's event tracking (see `buffer`): wait for earlier tracked accesses
         // now, record this call's accesses when the guards drop, after everything is enqueued.
         // (A one-shot rank's kernel ends only after every peer is done reading its input, so
         // the record on its own stream covers the call too.)
+        let capturing = exec::capturing(streams)?;
         let guards: Vec<[SyncOnDrop<'_>; 2]> = io
             .iter_mut()
             .zip(streams)
@@ -140,10 +142,12 @@ impl Communicator {
             .collect();
         let mut call = self.begin_call();
         let result = match &prepared {
-            Some(p) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams),
+            Some(p) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
             None => {
                 let in_place = checked.layout != Layout::OutOfPlace;
-                exec::oneshot::execute(&mut call, T::DTYPE, op, &ptrs, in_place, c.count(), streams)
+                exec::oneshot::execute(
+                    &mut call, T::DTYPE, op, &ptrs, in_place, c.count(), streams, capturing,
+                )
             }
         };
         drop(call);

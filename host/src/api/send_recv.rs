@@ -227,6 +227,7 @@ impl Communicator {
         if rounds.is_empty() {
             return Ok(());
         }
+        let capturing = exec::capturing(streams)?;
         let n = devices.len();
         let ring = self.ring();
         let mut used = vec![false; pairs.len()];
@@ -263,7 +264,15 @@ impl Communicator {
             let chunk = tuning::chunk_elems(max.saturating_mul(size), 1, T::DTYPE, self.config());
             result = Prepared::new(schedule::send_recv(ring, &p2p, Layout::OutOfPlace, chunk))
                 .and_then(|p| {
-                    exec::ring::execute(&mut self.begin_call(), &p, T::DTYPE, RedOp::Sum, &ptrs, streams)
+                    exec::ring::execute(
+                        &mut self.begin_call(),
+                        &p,
+                        T::DTYPE,
+                        RedOp::Sum,
+                        &ptrs,
+                        streams,
+                        capturing,
+                    )
                 });
             if result.is_err() {
                 break;

@@ -11,7 +11,7 @@
 use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
 
-use super::{capturing, internal, record, scratch_for_call, wait, RankPtrs};
+use super::{internal, record, scratch_for_call, wait, RankPtrs};
 use crate::driver::launch::OneShotArgs;
 use crate::resources::Call;
 use crate::{DataType, RedOp, Result};
@@ -20,7 +20,8 @@ use crate::{DataType, RedOp, Result};
 /// `ptrs[r].recv` its output; `in_place` when they are equal on every rank: each rank's result
 /// is then staged in its scratch (`count` elements) until every peer is done reading its input.
 /// The caller checks that one-shot is possible (2 to `MAX_RANKS` ranks, peer access between
-/// every pair: [`crate::plan::tuning::all_reduce_algorithm`]).
+/// every pair: [`crate::plan::tuning::all_reduce_algorithm`]). `capturing` as for
+/// [`super::ring::execute`].
 #[allow(clippy::too_many_arguments)]
 pub fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
@@ -30,6 +31,7 @@ pub fn execute<S: AsRef<CudaStream>>(
     in_place: bool,
     count: usize,
     streams: &[S],
+    capturing: bool,
 ) -> Result<()> {
     let n = call.nranks();
     if ptrs.len() != n || streams.len() != n || !(2..=MAX_RANKS).contains(&n) {
@@ -53,7 +55,6 @@ pub fn execute<S: AsRef<CudaStream>>(
     }
     let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
 
-    let capturing = capturing(streams)?;
     let mut tmp = [None; MAX_RANKS];
     if in_place {
         for (r, t) in tmp.iter_mut().take(n).enumerate() {

@@ -18,7 +18,7 @@
 
 use cudarc::driver::CudaStream;
 
-use super::{capturing, internal, record, scratch_for_call, wait, RankPtrs};
+use super::{internal, record, scratch_for_call, wait, RankPtrs};
 use crate::driver::launch::Prim;
 use crate::plan::tuning::Traffic;
 use crate::plan::Prepared;
@@ -47,6 +47,9 @@ pub(crate) fn region_addr(
 
 /// Enqueues `p` for `dtype` and `op` on `streams` (one per rank, each on that rank's device)
 /// with the caller's buffers `ptrs`. Returns once everything is enqueued.
+///
+/// `capturing`: whether the streams are being captured into a CUDA graph ([`super::capturing`],
+/// checked by the caller before anything is enqueued).
 pub fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     p: &Prepared,
@@ -54,6 +57,7 @@ pub fn execute<S: AsRef<CudaStream>>(
     op: RedOp,
     ptrs: &[RankPtrs],
     streams: &[S],
+    capturing: bool,
 ) -> Result<()> {
     let s = &p.schedule;
     let n = s.nranks;
@@ -76,7 +80,6 @@ pub fn execute<S: AsRef<CudaStream>>(
     let stage = call.transport().staging_bytes(s, size);
     let stage_off = staging_offset(s, size);
 
-    let capturing = capturing(streams)?;
     let mut scratch = vec![0u64; n];
     for (r, base) in scratch.iter_mut().enumerate() {
         if s.scratch_len > 0 || stage[r] > 0 {
@@ -374,7 +377,7 @@ mod tests {
                 }
                 {
                     let mut c = comm.begin_call();
-                    execute(&mut c, &p, DataType::F32, op, &ptrs, comm.streams()).unwrap();
+                    execute(&mut c, &p, DataType::F32, op, &ptrs, comm.streams(), false).unwrap();
                 }
                 comm.synchronize().unwrap();
                 let want: Vec<f32> = (0..8)

@@ -647,7 +647,7 @@ fn errors_display_rank_and_say_nothing_ran() {
     args[1].recv = Some(buf(1, 1, 1));
     let msg = run(AR, &args).unwrap_err().to_string();
     assert!(
-        msg.contains("rank 1") && msg.contains("enqueued nothing"),
+        msg.contains("rank 1") && msg.contains("no kernel was launched"),
         "{msg}"
     );
 }
