@@ -1,8 +1,9 @@
 //! ringccl's GPU kernels, written in `#![no_std]` Rust and compiled to PTX.
 //!
 //! Layers, bottom up:
-//! * [`element`]: the ten element types and the arithmetic of one reduction step, shared with
-//!   the host so the CPU computes the exact bits a GPU step produces;
+//! * [`element`]: the ten element types ([`DataType`] names them at run time) and the
+//!   arithmetic of one reduction step, shared with the host so the CPU computes the exact bits
+//!   a GPU step produces;
 //! * [`op`]: the reduction operators (sum, prod, min, max, avg);
 //! * [`prim`]: NCCL's primitives (copy, reduce, reduce-copy) as one generic function;
 //! * [`oneshot`]: the one-shot all-reduce for small messages (one block per rank, a device-side
@@ -39,6 +40,7 @@ pub mod prim;
 #[cfg(target_arch = "nvptx64")]
 mod kernels;
 
+pub use element::DataType;
 #[cfg(not(target_arch = "nvptx64"))]
 pub use entry::{EntryKind, ENTRY_POINTS};
 
