@@ -325,17 +325,8 @@ pub struct F16(pub u16);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Bf16(pub u16);
 
+/// The binary16 conversions: native `cvt` instructions on the GPU, bit manipulation on the host.
 impl F16 {
-    /// From raw bits.
-    #[inline(always)]
-    pub const fn from_bits(bits: u16) -> Self {
-        F16(bits)
-    }
-    /// The raw bits.
-    #[inline(always)]
-    pub const fn to_bits(self) -> u16 {
-        self.0
-    }
     /// Exact widening to `f32`.
     #[inline(always)]
     pub fn to_f32(self) -> f32 {
@@ -360,23 +351,10 @@ impl F16 {
             F16(f32_to_f16_bits(x))
         }
     }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        (self.0 & 0x7fff) > 0x7c00
-    }
 }
 
+/// The bfloat16 conversions (the same bit manipulation on both targets).
 impl Bf16 {
-    /// From raw bits.
-    #[inline(always)]
-    pub const fn from_bits(bits: u16) -> Self {
-        Bf16(bits)
-    }
-    /// The raw bits.
-    #[inline(always)]
-    pub const fn to_bits(self) -> u16 {
-        self.0
-    }
     /// Exact widening to `f32`.
     #[inline(always)]
     pub fn to_f32(self) -> f32 {
@@ -387,10 +365,76 @@ impl Bf16 {
     pub fn from_f32(x: f32) -> Self {
         Bf16(f32_to_bf16_bits(x))
     }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        (self.0 & 0x7fff) > 0x7f80
-    }
+}
+
+/// What binary16 and bfloat16 share: the bit accessors and the [`Element`] impl, whose sum and
+/// product are the target's (see `imp`) and whose min, max and `div_n` go through `f32`.
+macro_rules! half_element {
+    ($($t:ident => $dtype:ident, nan_above: $inf:literal, add: $add:path, mul: $mul:path;)*) => {$(
+        impl $t {
+            /// From raw bits.
+            #[inline(always)]
+            pub const fn from_bits(bits: u16) -> Self {
+                $t(bits)
+            }
+            /// The raw bits.
+            #[inline(always)]
+            pub const fn to_bits(self) -> u16 {
+                self.0
+            }
+            /// Whether the value is a NaN: the magnitude's bits are above infinity's.
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                (self.0 & 0x7fff) > $inf
+            }
+        }
+
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            #[inline(always)]
+            fn to_raw(self) -> u64 {
+                self.0 as u64
+            }
+            #[inline(always)]
+            fn from_raw(raw: u64) -> Self {
+                $t(raw as u16)
+            }
+            #[inline(always)]
+            fn add(self, other: Self) -> Self {
+                $add(self, other)
+            }
+            #[inline(always)]
+            fn mul(self, other: Self) -> Self {
+                $mul(self, other)
+            }
+            #[inline(always)]
+            fn min(self, other: Self) -> Self {
+                float_minmax!(self, other, self.to_f32(), other.to_f32(), true)
+            }
+            #[inline(always)]
+            fn max(self, other: Self) -> Self {
+                float_minmax!(self, other, self.to_f32(), other.to_f32(), false)
+            }
+            #[inline(always)]
+            fn div_n(self, n: u32) -> Self {
+                if n == 0 {
+                    self
+                } else {
+                    $t::from_f32(self.to_f32() / n as f32)
+                }
+            }
+            #[inline(always)]
+            fn same_result(self, other: Self) -> bool {
+                self.0 == other.0 || (self.is_nan() && other.is_nan())
+            }
+        }
+    )*};
+}
+
+half_element! {
+    F16 => F16, nan_above: 0x7c00, add: imp::f16_add, mul: imp::f16_mul;
+    Bf16 => BF16, nan_above: 0x7f80, add: imp::bf16_add, mul: imp::bf16_mul;
 }
 
 /// Exact conversion of binary16 bits to `f32`.
@@ -466,88 +510,6 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
     }
     let round = 0x7fff + ((b >> 16) & 1);
     (b.wrapping_add(round) >> 16) as u16
-}
-
-impl sealed::Sealed for F16 {}
-impl Element for F16 {
-    const DTYPE: DataType = DataType::F16;
-    #[inline(always)]
-    fn to_raw(self) -> u64 {
-        self.0 as u64
-    }
-    #[inline(always)]
-    fn from_raw(raw: u64) -> Self {
-        F16(raw as u16)
-    }
-    #[inline(always)]
-    fn add(self, other: Self) -> Self {
-        imp::f16_add(self, other)
-    }
-    #[inline(always)]
-    fn mul(self, other: Self) -> Self {
-        imp::f16_mul(self, other)
-    }
-    #[inline(always)]
-    fn min(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), true)
-    }
-    #[inline(always)]
-    fn max(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), false)
-    }
-    #[inline(always)]
-    fn div_n(self, n: u32) -> Self {
-        if n == 0 {
-            self
-        } else {
-            F16::from_f32(self.to_f32() / n as f32)
-        }
-    }
-    #[inline(always)]
-    fn same_result(self, other: Self) -> bool {
-        self.0 == other.0 || (self.is_nan() && other.is_nan())
-    }
-}
-
-impl sealed::Sealed for Bf16 {}
-impl Element for Bf16 {
-    const DTYPE: DataType = DataType::BF16;
-    #[inline(always)]
-    fn to_raw(self) -> u64 {
-        self.0 as u64
-    }
-    #[inline(always)]
-    fn from_raw(raw: u64) -> Self {
-        Bf16(raw as u16)
-    }
-    #[inline(always)]
-    fn add(self, other: Self) -> Self {
-        imp::bf16_add(self, other)
-    }
-    #[inline(always)]
-    fn mul(self, other: Self) -> Self {
-        imp::bf16_mul(self, other)
-    }
-    #[inline(always)]
-    fn min(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), true)
-    }
-    #[inline(always)]
-    fn max(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), false)
-    }
-    #[inline(always)]
-    fn div_n(self, n: u32) -> Self {
-        if n == 0 {
-            self
-        } else {
-            Bf16::from_f32(self.to_f32() / n as f32)
-        }
-    }
-    #[inline(always)]
-    fn same_result(self, other: Self) -> bool {
-        self.0 == other.0 || (self.is_nan() && other.is_nan())
-    }
 }
 
 /// How one f16/bf16 sum or product is computed on each target.
