@@ -14,8 +14,8 @@
 //!
 //! Parameters, in order (pointers are device addresses, `u64`):
 //! * [`EntryKind::Copy`]: `src, dst0, dst1 (0 = none), count: u64`
-//! * [`EntryKind::Reduce`]: `s0..s7 (the [`MAX_SRCS`] source slots, unused = 0), nsrc: u32,
-//!   dst, count: u64, postdiv: u32`
+//! * [`EntryKind::Reduce`]: `s0..s7 (unused = 0), nsrc: u32, dst, count: u64, postdiv: u32`;
+//!   `s0..s7` are the [`MAX_SRCS`] source slots
 //! * [`EntryKind::ReduceCopy`]: `a, b, dst0, dst1 (0 = none), count: u64, postdiv: u32`
 //! * [`EntryKind::OneShot`]: `s0..s7 (every rank's input in rank order, unused = 0), nsrc: u32
 //!   (= nranks), dst, tmp (0 = out of place), count: u64, postdiv: u32, my_flags, f0..f7

@@ -25,7 +25,7 @@ pub(crate) fn grid() -> Grid {
 /// for a reduction. Each kernel sits in its own anonymous `const` so that all can share one
 /// Rust name; the symbol is its `export_name`. Paths are absolute: this expands in `crate::entry`.
 /// The parameter lists spell out eight pointer slots; the arrays built from them have the type
-/// `[_; MAX_SRCS]`, so a change of the constant fails to compile here.
+/// `[_; MAX_SRCS]` or `[_; MAX_RANKS]`, so a change of either constant fails to compile here.
 macro_rules! kernel {
     (Copy, $name:expr, $t:ty) => {
         const _: () = {
@@ -57,7 +57,8 @@ macro_rules! kernel {
     };
     (Reduce, $name:expr, $t:ty, $op:ty) => {
         const _: () = {
-            /// `dst[i] = finish(s0[i] ⊕ … ⊕ s{nsrc-1}[i])` for `i < count`, `2 ≤ nsrc ≤ 8`.
+            /// `dst[i] = finish(s0[i] ⊕ … ⊕ s{nsrc-1}[i])` for `i < count`,
+            /// `2 ≤ nsrc ≤ MAX_SRCS`.
             ///
             /// # Safety
             /// The first `nsrc` sources and `dst` valid for `count` elements.
@@ -126,9 +127,9 @@ macro_rules! kernel {
     };
     (OneShot, $name:expr, $t:ty, $op:ty) => {
         const _: () = {
-            /// One-shot all-reduce of `count` elements over `nsrc` ranks (one block per rank; see
-            /// `crate::oneshot`): `dst[i] = finish(s0[i] ⊕ … ⊕ s{nsrc-1}[i])`, sources in rank
-            /// order.
+            /// One-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks (one block
+            /// per rank; see `crate::oneshot`): `dst[i] = finish(s0[i] ⊕ … ⊕ s{nsrc-1}[i])`,
+            /// sources in rank order.
             ///
             /// # Safety
             /// See `crate::oneshot::all_reduce`.
@@ -159,9 +160,9 @@ macro_rules! kernel {
                 f7: *mut u64,
                 rank: u32,
             ) {
-                use crate::prim::MAX_SRCS;
-                let srcs: [*const $t; MAX_SRCS] = [s0, s1, s2, s3, s4, s5, s6, s7];
-                let flags: [*mut u64; MAX_SRCS] = [f0, f1, f2, f3, f4, f5, f6, f7];
+                use crate::oneshot::MAX_RANKS;
+                let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
+                let flags: [*mut u64; MAX_RANKS] = [f0, f1, f2, f3, f4, f5, f6, f7];
                 // SAFETY: forwarded from the kernel's contract.
                 unsafe {
                     crate::oneshot::all_reduce::<$t, $op>(
