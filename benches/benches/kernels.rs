@@ -11,6 +11,7 @@ use criterion::{Criterion, Throughput};
 use gpu_kernels::element::{Bf16, Element, F16};
 use gpu_kernels::entry::{find_entry, EntryKind};
 use gpu_kernels::op::RedOp;
+use gpu_kernels::DataType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringccl_tests::{driver_present, DeviceBuffer, Gpu, KArg, Result};
@@ -78,7 +79,7 @@ enum Work {
     DriverCopy,
     Kernel {
         kind: EntryKind,
-        dtype: &'static str,
+        dtype: DataType,
         two: bool,
     },
 }
@@ -109,7 +110,7 @@ impl Work {
                     EntryKind::ReduceCopy => "reduce_copy_sum(2 src, 1 dst)",
                     EntryKind::OneShot => "oneshot_sum",
                 };
-                format!("{k} {dtype}")
+                format!("{k} {}", dtype.name())
             }
         }
     }
@@ -125,13 +126,11 @@ impl Work {
         } else {
             Some(RedOp::Sum)
         };
-        let entry = find_entry(kind, dtype, op)
-            .ok_or_else(|| ringccl_tests::Error::msg(format!("no {kind:?} kernel for {dtype}")))?;
+        let entry = find_entry(kind, dtype, op).ok_or_else(|| {
+            ringccl_tests::Error::msg(format!("no {kind:?} kernel for {}", dtype.name()))
+        })?;
         let k = gpu.kernel(entry.name)?;
-        let size = match dtype {
-            "f32" => 4,
-            _ => 2,
-        };
+        let size = dtype.size();
         let n = (OPERAND / size) as u64;
         let d1 = if two { ops.d1.ptr() } else { 0 };
         let args = match kind {
@@ -236,7 +235,7 @@ fn run(c: &mut Criterion, gpu: &Gpu) -> Result<Vec<Row>> {
     )?;
     let rc = Work::Kernel {
         kind: EntryKind::ReduceCopy,
-        dtype: "f32",
+        dtype: DataType::F32,
         two: false,
     };
     let mut best = ((264, 512), 0.0f64);
@@ -271,15 +270,17 @@ fn run(c: &mut Criterion, gpu: &Gpu) -> Result<Vec<Row>> {
         shape.0, shape.1, best.1
     );
 
-    let dtypes: [(&'static str, Fill); 3] = [
-        ("f32", |g, b, r| fill_random::<f32>(g, b, r, |x| x)),
-        ("bf16", |g, b, r| {
+    let dtypes: [(DataType, Fill); 3] = [
+        (DataType::F32, |g, b, r| fill_random::<f32>(g, b, r, |x| x)),
+        (DataType::BF16, |g, b, r| {
             fill_random::<Bf16>(g, b, r, Bf16::from_f32)
         }),
-        ("f16", |g, b, r| fill_random::<F16>(g, b, r, F16::from_f32)),
+        (DataType::F16, |g, b, r| {
+            fill_random::<F16>(g, b, r, F16::from_f32)
+        }),
     ];
     for (dtype, fill) in dtypes {
-        if dtype != "f32" {
+        if dtype != DataType::F32 {
             fill(gpu, &ops.a, &mut rng)?;
             fill(gpu, &ops.b, &mut rng)?;
         }

@@ -1,5 +1,8 @@
 //! Element types and their arithmetic, shared by the GPU kernels and the host.
 //!
+//! [`Element`] is implemented for the ten types ringccl moves; [`DataType`] names them at run
+//! time (each `Element` type's [`Element::DTYPE`]).
+//!
 //! Every reduction step in ringccl combines two elements with one of these functions. The same
 //! Rust source is compiled for the GPU (nvptx64) and for the host, so the host can compute the
 //! exact bits a GPU step produces.
@@ -33,6 +36,89 @@
 //! conversions over all 65536 bit patterns, every tie and overflow boundary, sums and products
 //! of random and edge pairs, and the integer wrap-around and truncation at `MIN`/`MAX`.
 
+/// The element type of a buffer, as a run-time value: one variant per [`Element`] type, in the
+/// order of the kernel table ([`crate::ENTRY_POINTS`]).
+///
+/// ```
+/// use gpu_kernels::element::{Bf16, Element};
+/// use gpu_kernels::DataType;
+/// assert_eq!(DataType::BF16.size(), 2);
+/// assert_eq!(DataType::ALL.len(), 10);
+/// assert_eq!(DataType::BF16.name(), "bf16");
+/// assert_eq!(DataType::ALL[DataType::BF16.index()], DataType::BF16);
+/// assert_eq!(Bf16::DTYPE, DataType::BF16);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `f32`
+    F32,
+    /// `f64`
+    F64,
+    /// `half::f16` ([`F16`] here)
+    F16,
+    /// `half::bf16` ([`Bf16`] here)
+    BF16,
+    /// `i8`
+    I8,
+    /// `u8`
+    U8,
+    /// `i32`
+    I32,
+    /// `u32`
+    U32,
+    /// `i64`
+    I64,
+    /// `u64`
+    U64,
+}
+
+impl DataType {
+    /// Every type, in declaration order ([`DataType::index`] is the position here).
+    pub const ALL: [DataType; 10] = [
+        DataType::F32,
+        DataType::F64,
+        DataType::F16,
+        DataType::BF16,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
+            DataType::F64 | DataType::I64 | DataType::U64 => 8,
+            DataType::F16 | DataType::BF16 => 2,
+            DataType::I8 | DataType::U8 => 1,
+        }
+    }
+
+    /// The name used in kernel entry points (`"f32"`, `"bf16"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "f32",
+            DataType::F64 => "f64",
+            DataType::F16 => "f16",
+            DataType::BF16 => "bf16",
+            DataType::I8 => "i8",
+            DataType::U8 => "u8",
+            DataType::I32 => "i32",
+            DataType::U32 => "u32",
+            DataType::I64 => "i64",
+            DataType::U64 => "u64",
+        }
+    }
+
+    /// The position of this type in [`DataType::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// An element type the kernels reduce. Sealed: implemented for the ten types ringccl supports.
 ///
 /// ```
@@ -42,8 +128,10 @@
 /// assert_eq!(7u8.mul(40), 24); // 280 wraps to 24
 /// ```
 pub trait Element: Copy + PartialEq + sealed::Sealed + 'static {
+    /// The run-time tag of this type.
+    const DTYPE: DataType;
     /// Name used in kernel entry points and messages (`"f32"`, `"bf16"`, ...).
-    const NAME: &'static str;
+    const NAME: &'static str = Self::DTYPE.name();
     /// Size in bytes.
     const SIZE: usize = core::mem::size_of::<Self>();
     /// `self + other`, wrapping for integers, correctly rounded for floats.
@@ -69,10 +157,10 @@ mod sealed {
 }
 
 macro_rules! int_element {
-    ($($t:ty => $name:literal, $wide:ty, $unsigned:ty;)*) => {$(
+    ($($t:ty => $dtype:ident, $wide:ty, $unsigned:ty;)*) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {
-            const NAME: &'static str = $name;
+            const DTYPE: DataType = DataType::$dtype;
             #[inline(always)]
             fn add(self, other: Self) -> Self { self.wrapping_add(other) }
             #[inline(always)]
@@ -96,12 +184,12 @@ macro_rules! int_element {
 }
 
 int_element! {
-    i8 => "i8", i64, u8;
-    u8 => "u8", u64, u8;
-    i32 => "i32", i64, u32;
-    u32 => "u32", u64, u32;
-    i64 => "i64", i64, u64;
-    u64 => "u64", u64, u64;
+    i8 => I8, i64, u8;
+    u8 => U8, u64, u8;
+    i32 => I32, i64, u32;
+    u32 => U32, u64, u32;
+    i64 => I64, i64, u64;
+    u64 => U64, u64, u64;
 }
 
 /// min/max for IEEE floats given their bit patterns: NaN ignored, `-0 < +0`, exact.
@@ -135,7 +223,7 @@ macro_rules! float_minmax {
 
 impl sealed::Sealed for f32 {}
 impl Element for f32 {
-    const NAME: &'static str = "f32";
+    const DTYPE: DataType = DataType::F32;
     #[inline(always)]
     fn to_raw(self) -> u64 {
         self.to_bits() as u64
@@ -176,7 +264,7 @@ impl Element for f32 {
 
 impl sealed::Sealed for f64 {}
 impl Element for f64 {
-    const NAME: &'static str = "f64";
+    const DTYPE: DataType = DataType::F64;
     #[inline(always)]
     fn to_raw(self) -> u64 {
         self.to_bits()
@@ -237,17 +325,8 @@ pub struct F16(pub u16);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Bf16(pub u16);
 
+/// The binary16 conversions: native `cvt` instructions on the GPU, bit manipulation on the host.
 impl F16 {
-    /// From raw bits.
-    #[inline(always)]
-    pub const fn from_bits(bits: u16) -> Self {
-        F16(bits)
-    }
-    /// The raw bits.
-    #[inline(always)]
-    pub const fn to_bits(self) -> u16 {
-        self.0
-    }
     /// Exact widening to `f32`.
     #[inline(always)]
     pub fn to_f32(self) -> f32 {
@@ -272,23 +351,10 @@ impl F16 {
             F16(f32_to_f16_bits(x))
         }
     }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        (self.0 & 0x7fff) > 0x7c00
-    }
 }
 
+/// The bfloat16 conversions (the same bit manipulation on both targets).
 impl Bf16 {
-    /// From raw bits.
-    #[inline(always)]
-    pub const fn from_bits(bits: u16) -> Self {
-        Bf16(bits)
-    }
-    /// The raw bits.
-    #[inline(always)]
-    pub const fn to_bits(self) -> u16 {
-        self.0
-    }
     /// Exact widening to `f32`.
     #[inline(always)]
     pub fn to_f32(self) -> f32 {
@@ -299,10 +365,76 @@ impl Bf16 {
     pub fn from_f32(x: f32) -> Self {
         Bf16(f32_to_bf16_bits(x))
     }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        (self.0 & 0x7fff) > 0x7f80
-    }
+}
+
+/// What binary16 and bfloat16 share: the bit accessors and the [`Element`] impl, whose sum and
+/// product are the target's (see `imp`) and whose min, max and `div_n` go through `f32`.
+macro_rules! half_element {
+    ($($t:ident => $dtype:ident, nan_above: $inf:literal, add: $add:path, mul: $mul:path;)*) => {$(
+        impl $t {
+            /// From raw bits.
+            #[inline(always)]
+            pub const fn from_bits(bits: u16) -> Self {
+                $t(bits)
+            }
+            /// The raw bits.
+            #[inline(always)]
+            pub const fn to_bits(self) -> u16 {
+                self.0
+            }
+            /// Whether the value is a NaN: the magnitude's bits are above infinity's.
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                (self.0 & 0x7fff) > $inf
+            }
+        }
+
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            #[inline(always)]
+            fn to_raw(self) -> u64 {
+                self.0 as u64
+            }
+            #[inline(always)]
+            fn from_raw(raw: u64) -> Self {
+                $t(raw as u16)
+            }
+            #[inline(always)]
+            fn add(self, other: Self) -> Self {
+                $add(self, other)
+            }
+            #[inline(always)]
+            fn mul(self, other: Self) -> Self {
+                $mul(self, other)
+            }
+            #[inline(always)]
+            fn min(self, other: Self) -> Self {
+                float_minmax!(self, other, self.to_f32(), other.to_f32(), true)
+            }
+            #[inline(always)]
+            fn max(self, other: Self) -> Self {
+                float_minmax!(self, other, self.to_f32(), other.to_f32(), false)
+            }
+            #[inline(always)]
+            fn div_n(self, n: u32) -> Self {
+                if n == 0 {
+                    self
+                } else {
+                    $t::from_f32(self.to_f32() / n as f32)
+                }
+            }
+            #[inline(always)]
+            fn same_result(self, other: Self) -> bool {
+                self.0 == other.0 || (self.is_nan() && other.is_nan())
+            }
+        }
+    )*};
+}
+
+half_element! {
+    F16 => F16, nan_above: 0x7c00, add: imp::f16_add, mul: imp::f16_mul;
+    Bf16 => BF16, nan_above: 0x7f80, add: imp::bf16_add, mul: imp::bf16_mul;
 }
 
 /// Exact conversion of binary16 bits to `f32`.
@@ -378,88 +510,6 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
     }
     let round = 0x7fff + ((b >> 16) & 1);
     (b.wrapping_add(round) >> 16) as u16
-}
-
-impl sealed::Sealed for F16 {}
-impl Element for F16 {
-    const NAME: &'static str = "f16";
-    #[inline(always)]
-    fn to_raw(self) -> u64 {
-        self.0 as u64
-    }
-    #[inline(always)]
-    fn from_raw(raw: u64) -> Self {
-        F16(raw as u16)
-    }
-    #[inline(always)]
-    fn add(self, other: Self) -> Self {
-        imp::f16_add(self, other)
-    }
-    #[inline(always)]
-    fn mul(self, other: Self) -> Self {
-        imp::f16_mul(self, other)
-    }
-    #[inline(always)]
-    fn min(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), true)
-    }
-    #[inline(always)]
-    fn max(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), false)
-    }
-    #[inline(always)]
-    fn div_n(self, n: u32) -> Self {
-        if n == 0 {
-            self
-        } else {
-            F16::from_f32(self.to_f32() / n as f32)
-        }
-    }
-    #[inline(always)]
-    fn same_result(self, other: Self) -> bool {
-        self.0 == other.0 || (self.is_nan() && other.is_nan())
-    }
-}
-
-impl sealed::Sealed for Bf16 {}
-impl Element for Bf16 {
-    const NAME: &'static str = "bf16";
-    #[inline(always)]
-    fn to_raw(self) -> u64 {
-        self.0 as u64
-    }
-    #[inline(always)]
-    fn from_raw(raw: u64) -> Self {
-        Bf16(raw as u16)
-    }
-    #[inline(always)]
-    fn add(self, other: Self) -> Self {
-        imp::bf16_add(self, other)
-    }
-    #[inline(always)]
-    fn mul(self, other: Self) -> Self {
-        imp::bf16_mul(self, other)
-    }
-    #[inline(always)]
-    fn min(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), true)
-    }
-    #[inline(always)]
-    fn max(self, other: Self) -> Self {
-        float_minmax!(self, other, self.to_f32(), other.to_f32(), false)
-    }
-    #[inline(always)]
-    fn div_n(self, n: u32) -> Self {
-        if n == 0 {
-            self
-        } else {
-            Bf16::from_f32(self.to_f32() / n as f32)
-        }
-    }
-    #[inline(always)]
-    fn same_result(self, other: Self) -> bool {
-        self.0 == other.0 || (self.is_nan() && other.is_nan())
-    }
 }
 
 /// How one f16/bf16 sum or product is computed on each target.
@@ -1144,6 +1194,33 @@ mod tests {
         assert_eq!(Bf16(0x7fc1).min(Bf16(0xbf80)), Bf16(0xbf80));
         assert!(Bf16(0x7fc1).max(Bf16(0xffc0)).is_nan());
         assert!(F16(0x7e00).min(F16(0x7c01)).is_nan());
+    }
+
+    #[test]
+    fn data_type_matches_the_element_types() {
+        fn check<T: Element>(want: DataType) {
+            assert_eq!(T::DTYPE, want);
+            assert_eq!(T::DTYPE.size(), T::SIZE, "{}", T::NAME);
+            assert_eq!(T::NAME, want.name());
+        }
+        check::<f32>(DataType::F32);
+        check::<f64>(DataType::F64);
+        check::<F16>(DataType::F16);
+        check::<Bf16>(DataType::BF16);
+        check::<i8>(DataType::I8);
+        check::<u8>(DataType::U8);
+        check::<i32>(DataType::I32);
+        check::<u32>(DataType::U32);
+        check::<i64>(DataType::I64);
+        check::<u64>(DataType::U64);
+        let names: Vec<&str> = DataType::ALL.iter().map(|d| d.name()).collect();
+        assert_eq!(
+            names,
+            ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "u32", "i64", "u64"]
+        );
+        for (i, d) in DataType::ALL.into_iter().enumerate() {
+            assert_eq!(d.index(), i);
+        }
     }
 
     #[test]

@@ -1,60 +1,109 @@
-//! The names and shapes of the PTX entry points, for the host and the build driver.
+//! The PTX entry points: one list, expanded into the kernels and into their table.
 //!
-//! The kernels themselves exist only in the nvptx64 build; this table mirrors them (a test checks
-//! it against the kernel source, and `cargo xtask build-ptx` against the PTX).
+//! The `entry_points!` invocation at the end of this file is the only list of entry points. On
+//! nvptx64 it expands into the `extern "ptx-kernel"` functions (shells around [`crate::prim`]
+//! and [`crate::oneshot`], written in `kernels.rs`); on the host into [`ENTRY_POINTS`], their
+//! names and shapes for the host and the build driver (`cargo xtask build-ptx` checks that the
+//! PTX holds exactly these names).
+//!
+//! Every entry point is named `ringccl_{kind}_{type}` (copies) or `ringccl_{kind}_{op}_{type}`
+//! ([`EntryKind::name`], [`RedOp::name`], [`DataType::name`]). The table lists the copies (one
+//! per type), then each reduction kind (one per type and operator), types in [`DataType::ALL`]
+//! order and operators in [`RedOp::ALL`] order, so [`entry_index`] is arithmetic; the build
+//! fails if a row is not at its index.
 //!
 //! Parameters, in order (pointers are device addresses, `u64`):
 //! * [`EntryKind::Copy`]: `src, dst0, dst1 (0 = none), count: u64`
-//! * [`EntryKind::Reduce`]: `s0..s7 (unused = 0), nsrc: u32, dst, count: u64, postdiv: u32`
+//! * [`EntryKind::Reduce`]: `s0..s7 (unused = 0), nsrc: u32, dst, count: u64, postdiv: u32`;
+//!   `s0..s7` are the [`MAX_SRCS`] source slots
 //! * [`EntryKind::ReduceCopy`]: `a, b, dst0, dst1 (0 = none), count: u64, postdiv: u32`
 //! * [`EntryKind::OneShot`]: `s0..s7 (every rank's input in rank order, unused = 0), nsrc: u32
 //!   (= nranks), dst, tmp (0 = out of place), count: u64, postdiv: u32, my_flags, f0..f7
 //!   (every rank's flag array, unused = 0), rank: u32`; launch exactly one block per rank
-//!   (see [`crate::oneshot`])
+//!   (see [`crate::oneshot`]). Both lists have [`MAX_RANKS`] slots.
 //!
 //! `postdiv` is the rank count in the step that writes an `avg` result, else 1.
+//!
+//! [`MAX_SRCS`]: crate::prim::MAX_SRCS
+//! [`MAX_RANKS`]: crate::oneshot::MAX_RANKS
+//! [`DataType::ALL`]: crate::element::DataType::ALL
+//! [`DataType::name`]: crate::element::DataType::name
 
-use crate::op::RedOp;
+use crate::element::{Bf16, F16};
+#[cfg(not(target_arch = "nvptx64"))]
+use crate::{element::DataType, op::RedOp};
 
 /// Which primitive an entry point runs.
+///
+/// ```
+/// use gpu_kernels::EntryKind;
+/// assert_eq!(EntryKind::ReduceCopy.name(), "reduce_copy");
+/// assert_eq!(EntryKind::ALL[0], EntryKind::Copy);
+/// ```
+#[cfg(not(target_arch = "nvptx64"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EntryKind {
     /// One source to one or two destinations.
     Copy,
-    /// Two to eight sources folded into one destination.
+    /// Two to [`MAX_SRCS`](crate::prim::MAX_SRCS) sources folded into one destination.
     Reduce,
     /// Two sources folded, written to one or two destinations.
     ReduceCopy,
-    /// A whole all-reduce of up to eight ranks in one block per rank, with a device-side
-    /// barrier over flags in every rank's memory (see `crate::oneshot`).
+    /// A whole all-reduce of up to [`MAX_RANKS`](crate::oneshot::MAX_RANKS) ranks in one block
+    /// per rank, with a device-side barrier over flags in every rank's memory (see
+    /// [`crate::oneshot`]).
     OneShot,
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
+impl EntryKind {
+    /// Every kind, in table order: the copy (no operator), then the reductions.
+    pub const ALL: [EntryKind; 4] = [
+        EntryKind::Copy,
+        EntryKind::Reduce,
+        EntryKind::ReduceCopy,
+        EntryKind::OneShot,
+    ];
+
+    /// The name used in kernel entry points.
+    pub const fn name(self) -> &'static str {
+        match self {
+            EntryKind::Copy => "copy",
+            EntryKind::Reduce => "reduce",
+            EntryKind::ReduceCopy => "reduce_copy",
+            EntryKind::OneShot => "oneshot",
+        }
+    }
+}
+
 /// One PTX entry point.
+#[cfg(not(target_arch = "nvptx64"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryPoint {
     /// The symbol in the PTX.
     pub name: &'static str,
     /// The primitive.
     pub kind: EntryKind,
-    /// Element type name ([`crate::element::Element::NAME`]).
-    pub dtype: &'static str,
+    /// The element type.
+    pub dtype: DataType,
     /// The operator; `None` for copies.
     pub op: Option<RedOp>,
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
 impl EntryPoint {
     /// An entry point description (how [`ENTRY_POINTS`] is written; tests build their own).
     ///
     /// ```
     /// use gpu_kernels::entry::{EntryKind, EntryPoint};
-    /// let e = EntryPoint::new("ringccl_copy_u8", EntryKind::Copy, "u8", None);
-    /// assert_eq!(e.dtype, "u8");
+    /// use gpu_kernels::DataType;
+    /// let e = EntryPoint::new("ringccl_copy_u8", EntryKind::Copy, DataType::U8, None);
+    /// assert_eq!(e.dtype.name(), "u8");
     /// ```
     pub const fn new(
         name: &'static str,
         kind: EntryKind,
-        dtype: &'static str,
+        dtype: DataType,
         op: Option<RedOp>,
     ) -> Self {
         EntryPoint {
@@ -66,940 +115,182 @@ impl EntryPoint {
     }
 }
 
-const fn ep(
-    name: &'static str,
-    kind: EntryKind,
-    dtype: &'static str,
-    op: Option<RedOp>,
-) -> EntryPoint {
-    EntryPoint::new(name, kind, dtype, op)
-}
+#[cfg(not(target_arch = "nvptx64"))]
+const TYPES: usize = DataType::ALL.len();
+#[cfg(not(target_arch = "nvptx64"))]
+const OPS: usize = RedOp::ALL.len();
+/// Kinds with an operator: every kind but the copy.
+#[cfg(not(target_arch = "nvptx64"))]
+const REDUCTIONS: usize = EntryKind::ALL.len() - 1;
+#[cfg(not(target_arch = "nvptx64"))]
+const COUNT: usize = TYPES * (1 + REDUCTIONS * OPS);
 
-/// Every entry point in the PTX, copies first.
+/// The index in [`ENTRY_POINTS`] of the entry point for a primitive, element type and operator;
+/// `None` for a copy with an operator or a reduction without one. Constant time.
 ///
 /// ```
-/// use gpu_kernels::{entry::find_entry, EntryKind, ENTRY_POINTS};
+/// use gpu_kernels::entry::entry_index;
 /// use gpu_kernels::op::RedOp;
-/// assert_eq!(ENTRY_POINTS.len(), 160);
-/// let e = find_entry(EntryKind::ReduceCopy, "bf16", Some(RedOp::Sum)).unwrap();
-/// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
+/// use gpu_kernels::{DataType, EntryKind, ENTRY_POINTS};
+/// let i = entry_index(EntryKind::Reduce, DataType::F16, Some(RedOp::Max)).unwrap();
+/// assert_eq!(ENTRY_POINTS[i].name, "ringccl_reduce_max_f16");
+/// assert_eq!(entry_index(EntryKind::Copy, DataType::F16, Some(RedOp::Max)), None);
 /// ```
-pub const ENTRY_POINTS: &[EntryPoint] = &[
-    ep("ringccl_copy_f32", EntryKind::Copy, "f32", None),
-    ep("ringccl_copy_f64", EntryKind::Copy, "f64", None),
-    ep("ringccl_copy_f16", EntryKind::Copy, "f16", None),
-    ep("ringccl_copy_bf16", EntryKind::Copy, "bf16", None),
-    ep("ringccl_copy_i8", EntryKind::Copy, "i8", None),
-    ep("ringccl_copy_u8", EntryKind::Copy, "u8", None),
-    ep("ringccl_copy_i32", EntryKind::Copy, "i32", None),
-    ep("ringccl_copy_u32", EntryKind::Copy, "u32", None),
-    ep("ringccl_copy_i64", EntryKind::Copy, "i64", None),
-    ep("ringccl_copy_u64", EntryKind::Copy, "u64", None),
-    ep(
-        "ringccl_reduce_sum_f32",
-        EntryKind::Reduce,
-        "f32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_f32",
-        EntryKind::Reduce,
-        "f32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_f32",
-        EntryKind::Reduce,
-        "f32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_f32",
-        EntryKind::Reduce,
-        "f32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_f32",
-        EntryKind::Reduce,
-        "f32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_f64",
-        EntryKind::Reduce,
-        "f64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_f64",
-        EntryKind::Reduce,
-        "f64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_f64",
-        EntryKind::Reduce,
-        "f64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_f64",
-        EntryKind::Reduce,
-        "f64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_f64",
-        EntryKind::Reduce,
-        "f64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_f16",
-        EntryKind::Reduce,
-        "f16",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_f16",
-        EntryKind::Reduce,
-        "f16",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_f16",
-        EntryKind::Reduce,
-        "f16",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_f16",
-        EntryKind::Reduce,
-        "f16",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_f16",
-        EntryKind::Reduce,
-        "f16",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_bf16",
-        EntryKind::Reduce,
-        "bf16",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_bf16",
-        EntryKind::Reduce,
-        "bf16",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_bf16",
-        EntryKind::Reduce,
-        "bf16",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_bf16",
-        EntryKind::Reduce,
-        "bf16",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_bf16",
-        EntryKind::Reduce,
-        "bf16",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_i8",
-        EntryKind::Reduce,
-        "i8",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_i8",
-        EntryKind::Reduce,
-        "i8",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_i8",
-        EntryKind::Reduce,
-        "i8",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_i8",
-        EntryKind::Reduce,
-        "i8",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_i8",
-        EntryKind::Reduce,
-        "i8",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_u8",
-        EntryKind::Reduce,
-        "u8",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_u8",
-        EntryKind::Reduce,
-        "u8",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_u8",
-        EntryKind::Reduce,
-        "u8",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_u8",
-        EntryKind::Reduce,
-        "u8",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_u8",
-        EntryKind::Reduce,
-        "u8",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_i32",
-        EntryKind::Reduce,
-        "i32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_i32",
-        EntryKind::Reduce,
-        "i32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_i32",
-        EntryKind::Reduce,
-        "i32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_i32",
-        EntryKind::Reduce,
-        "i32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_i32",
-        EntryKind::Reduce,
-        "i32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_u32",
-        EntryKind::Reduce,
-        "u32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_u32",
-        EntryKind::Reduce,
-        "u32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_u32",
-        EntryKind::Reduce,
-        "u32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_u32",
-        EntryKind::Reduce,
-        "u32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_u32",
-        EntryKind::Reduce,
-        "u32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_i64",
-        EntryKind::Reduce,
-        "i64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_i64",
-        EntryKind::Reduce,
-        "i64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_i64",
-        EntryKind::Reduce,
-        "i64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_i64",
-        EntryKind::Reduce,
-        "i64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_i64",
-        EntryKind::Reduce,
-        "i64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_sum_u64",
-        EntryKind::Reduce,
-        "u64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_prod_u64",
-        EntryKind::Reduce,
-        "u64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_min_u64",
-        EntryKind::Reduce,
-        "u64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_max_u64",
-        EntryKind::Reduce,
-        "u64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_avg_u64",
-        EntryKind::Reduce,
-        "u64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_f32",
-        EntryKind::ReduceCopy,
-        "f32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_f32",
-        EntryKind::ReduceCopy,
-        "f32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_f32",
-        EntryKind::ReduceCopy,
-        "f32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_f32",
-        EntryKind::ReduceCopy,
-        "f32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_f32",
-        EntryKind::ReduceCopy,
-        "f32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_f64",
-        EntryKind::ReduceCopy,
-        "f64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_f64",
-        EntryKind::ReduceCopy,
-        "f64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_f64",
-        EntryKind::ReduceCopy,
-        "f64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_f64",
-        EntryKind::ReduceCopy,
-        "f64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_f64",
-        EntryKind::ReduceCopy,
-        "f64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_f16",
-        EntryKind::ReduceCopy,
-        "f16",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_f16",
-        EntryKind::ReduceCopy,
-        "f16",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_f16",
-        EntryKind::ReduceCopy,
-        "f16",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_f16",
-        EntryKind::ReduceCopy,
-        "f16",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_f16",
-        EntryKind::ReduceCopy,
-        "f16",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_bf16",
-        EntryKind::ReduceCopy,
-        "bf16",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_bf16",
-        EntryKind::ReduceCopy,
-        "bf16",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_bf16",
-        EntryKind::ReduceCopy,
-        "bf16",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_bf16",
-        EntryKind::ReduceCopy,
-        "bf16",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_bf16",
-        EntryKind::ReduceCopy,
-        "bf16",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_i8",
-        EntryKind::ReduceCopy,
-        "i8",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_i8",
-        EntryKind::ReduceCopy,
-        "i8",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_i8",
-        EntryKind::ReduceCopy,
-        "i8",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_i8",
-        EntryKind::ReduceCopy,
-        "i8",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_i8",
-        EntryKind::ReduceCopy,
-        "i8",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_u8",
-        EntryKind::ReduceCopy,
-        "u8",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_u8",
-        EntryKind::ReduceCopy,
-        "u8",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_u8",
-        EntryKind::ReduceCopy,
-        "u8",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_u8",
-        EntryKind::ReduceCopy,
-        "u8",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_u8",
-        EntryKind::ReduceCopy,
-        "u8",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_i32",
-        EntryKind::ReduceCopy,
-        "i32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_i32",
-        EntryKind::ReduceCopy,
-        "i32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_i32",
-        EntryKind::ReduceCopy,
-        "i32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_i32",
-        EntryKind::ReduceCopy,
-        "i32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_i32",
-        EntryKind::ReduceCopy,
-        "i32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_u32",
-        EntryKind::ReduceCopy,
-        "u32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_u32",
-        EntryKind::ReduceCopy,
-        "u32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_u32",
-        EntryKind::ReduceCopy,
-        "u32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_u32",
-        EntryKind::ReduceCopy,
-        "u32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_u32",
-        EntryKind::ReduceCopy,
-        "u32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_i64",
-        EntryKind::ReduceCopy,
-        "i64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_i64",
-        EntryKind::ReduceCopy,
-        "i64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_i64",
-        EntryKind::ReduceCopy,
-        "i64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_i64",
-        EntryKind::ReduceCopy,
-        "i64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_i64",
-        EntryKind::ReduceCopy,
-        "i64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_reduce_copy_sum_u64",
-        EntryKind::ReduceCopy,
-        "u64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_reduce_copy_prod_u64",
-        EntryKind::ReduceCopy,
-        "u64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_reduce_copy_min_u64",
-        EntryKind::ReduceCopy,
-        "u64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_reduce_copy_max_u64",
-        EntryKind::ReduceCopy,
-        "u64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_reduce_copy_avg_u64",
-        EntryKind::ReduceCopy,
-        "u64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_f32",
-        EntryKind::OneShot,
-        "f32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_f32",
-        EntryKind::OneShot,
-        "f32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_f32",
-        EntryKind::OneShot,
-        "f32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_f32",
-        EntryKind::OneShot,
-        "f32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_f32",
-        EntryKind::OneShot,
-        "f32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_f64",
-        EntryKind::OneShot,
-        "f64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_f64",
-        EntryKind::OneShot,
-        "f64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_f64",
-        EntryKind::OneShot,
-        "f64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_f64",
-        EntryKind::OneShot,
-        "f64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_f64",
-        EntryKind::OneShot,
-        "f64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_f16",
-        EntryKind::OneShot,
-        "f16",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_f16",
-        EntryKind::OneShot,
-        "f16",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_f16",
-        EntryKind::OneShot,
-        "f16",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_f16",
-        EntryKind::OneShot,
-        "f16",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_f16",
-        EntryKind::OneShot,
-        "f16",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_bf16",
-        EntryKind::OneShot,
-        "bf16",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_bf16",
-        EntryKind::OneShot,
-        "bf16",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_bf16",
-        EntryKind::OneShot,
-        "bf16",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_bf16",
-        EntryKind::OneShot,
-        "bf16",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_bf16",
-        EntryKind::OneShot,
-        "bf16",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_i8",
-        EntryKind::OneShot,
-        "i8",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_i8",
-        EntryKind::OneShot,
-        "i8",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_i8",
-        EntryKind::OneShot,
-        "i8",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_i8",
-        EntryKind::OneShot,
-        "i8",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_i8",
-        EntryKind::OneShot,
-        "i8",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_u8",
-        EntryKind::OneShot,
-        "u8",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_u8",
-        EntryKind::OneShot,
-        "u8",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_u8",
-        EntryKind::OneShot,
-        "u8",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_u8",
-        EntryKind::OneShot,
-        "u8",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_u8",
-        EntryKind::OneShot,
-        "u8",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_i32",
-        EntryKind::OneShot,
-        "i32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_i32",
-        EntryKind::OneShot,
-        "i32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_i32",
-        EntryKind::OneShot,
-        "i32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_i32",
-        EntryKind::OneShot,
-        "i32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_i32",
-        EntryKind::OneShot,
-        "i32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_u32",
-        EntryKind::OneShot,
-        "u32",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_u32",
-        EntryKind::OneShot,
-        "u32",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_u32",
-        EntryKind::OneShot,
-        "u32",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_u32",
-        EntryKind::OneShot,
-        "u32",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_u32",
-        EntryKind::OneShot,
-        "u32",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_i64",
-        EntryKind::OneShot,
-        "i64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_i64",
-        EntryKind::OneShot,
-        "i64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_i64",
-        EntryKind::OneShot,
-        "i64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_i64",
-        EntryKind::OneShot,
-        "i64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_i64",
-        EntryKind::OneShot,
-        "i64",
-        Some(RedOp::Avg),
-    ),
-    ep(
-        "ringccl_oneshot_sum_u64",
-        EntryKind::OneShot,
-        "u64",
-        Some(RedOp::Sum),
-    ),
-    ep(
-        "ringccl_oneshot_prod_u64",
-        EntryKind::OneShot,
-        "u64",
-        Some(RedOp::Prod),
-    ),
-    ep(
-        "ringccl_oneshot_min_u64",
-        EntryKind::OneShot,
-        "u64",
-        Some(RedOp::Min),
-    ),
-    ep(
-        "ringccl_oneshot_max_u64",
-        EntryKind::OneShot,
-        "u64",
-        Some(RedOp::Max),
-    ),
-    ep(
-        "ringccl_oneshot_avg_u64",
-        EntryKind::OneShot,
-        "u64",
-        Some(RedOp::Avg),
-    ),
-];
+#[cfg(not(target_arch = "nvptx64"))]
+pub const fn entry_index(kind: EntryKind, dtype: DataType, op: Option<RedOp>) -> Option<usize> {
+    match (kind, op) {
+        (EntryKind::Copy, None) => Some(dtype.index()),
+        (EntryKind::Copy, Some(_)) | (_, None) => None,
+        // The reductions are `ALL[1..]`.
+        (kind, Some(op)) => {
+            Some(TYPES + ((kind as usize - 1) * TYPES + dtype.index()) * OPS + op.index())
+        }
+    }
+}
 
-/// The entry point for a primitive, element type and operator (`None` for copies).
-pub fn find_entry(kind: EntryKind, dtype: &str, op: Option<RedOp>) -> Option<&'static EntryPoint> {
-    ENTRY_POINTS
-        .iter()
-        .find(|e| e.kind == kind && e.dtype == dtype && e.op == op)
+/// The entry point for a primitive, element type and operator (`None` for copies); `None` for
+/// a combination that has none (see [`entry_index`]).
+///
+/// ```
+/// use gpu_kernels::entry::find_entry;
+/// use gpu_kernels::{DataType, EntryKind};
+/// assert_eq!(find_entry(EntryKind::Copy, DataType::I64, None).unwrap().name, "ringccl_copy_i64");
+/// ```
+#[cfg(not(target_arch = "nvptx64"))]
+pub const fn find_entry(
+    kind: EntryKind,
+    dtype: DataType,
+    op: Option<RedOp>,
+) -> Option<&'static EntryPoint> {
+    match entry_index(kind, dtype, op) {
+        Some(i) if i < ENTRY_POINTS.len() => Some(&ENTRY_POINTS[i]),
+        _ => None,
+    }
+}
+
+/// [`ENTRY_POINTS`] from the rows `entry_points!` writes: the copies, then `[kind][type][op]`.
+/// Fails the build if a row is not at its [`entry_index`] (a list out of `ALL` order).
+#[cfg(not(target_arch = "nvptx64"))]
+const fn table(
+    copies: [EntryPoint; TYPES],
+    reductions: [[[EntryPoint; OPS]; TYPES]; REDUCTIONS],
+) -> [EntryPoint; COUNT] {
+    let mut out = [copies[0]; COUNT];
+    let mut i = 0;
+    while i < COUNT {
+        let e = if i < TYPES {
+            copies[i]
+        } else {
+            let r = i - TYPES;
+            reductions[r / (TYPES * OPS)][r / OPS % TYPES][r % OPS]
+        };
+        assert!(
+            matches!(entry_index(e.kind, e.dtype, e.op), Some(j) if j == i),
+            "the entry point list is not in DataType::ALL / RedOp::ALL / EntryKind::ALL order"
+        );
+        out[i] = e;
+        i += 1;
+    }
+    out
+}
+
+/// Expands the list of entry points (see the module docs): kernels on nvptx64, [`ENTRY_POINTS`]
+/// on the host. `types` are element types with their symbol names, `ops` operators (`RedOp`
+/// variants, also `crate::op` types) with theirs, `copy` and `reductions` `EntryKind` variants
+/// (`crate::kernels::kernel!` has one kernel shape per variant) with theirs.
+macro_rules! entry_points {
+    (
+        types: $types:tt,
+        ops: $ops:tt,
+        copy: $copy:ident => $copy_name:literal,
+        reductions: [$($kind:ident => $kind_name:literal),* $(,)?] $(,)?
+    ) => {
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(@copy_kernels $copy $copy_name $types);
+        $(
+            #[cfg(target_arch = "nvptx64")]
+            entry_points!(@kernels $kind $kind_name $types $ops);
+        )*
+
+        /// Every entry point in the PTX: the copies, then the reductions (see the module docs
+        /// for the order); [`entry_index`] finds one in constant time.
+        ///
+        /// ```
+        /// use gpu_kernels::{entry::find_entry, DataType, EntryKind, ENTRY_POINTS};
+        /// use gpu_kernels::op::RedOp;
+        /// assert_eq!(ENTRY_POINTS.len(), 160);
+        /// let e = find_entry(EntryKind::ReduceCopy, DataType::BF16, Some(RedOp::Sum)).unwrap();
+        /// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
+        /// ```
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const ENTRY_POINTS: &[EntryPoint] = &table(
+            entry_points!(@copy_rows $copy $copy_name $types),
+            [$(entry_points!(@rows $kind $kind_name $types $ops)),*],
+        );
+    };
+
+    // nvptx64: one kernel per type (copy), per type and operator (reductions).
+    (@copy_kernels $kind:ident $kind_name:literal [$($t:ty => $t_name:literal),* $(,)?]) => {
+        $(crate::kernels::kernel!($kind, concat!("ringccl_", $kind_name, "_", $t_name), $t);)*
+    };
+    (@kernels $kind:ident $kind_name:literal [$($t:ty => $t_name:literal),* $(,)?] $ops:tt) => {
+        $(entry_points!(@type_kernels $kind $kind_name $t => $t_name, $ops);)*
+    };
+    (
+        @type_kernels $kind:ident $kind_name:literal $t:ty => $t_name:literal,
+        [$($op:ident => $op_name:literal),* $(,)?]
+    ) => {
+        $(crate::kernels::kernel!(
+            $kind,
+            concat!("ringccl_", $kind_name, "_", $op_name, "_", $t_name),
+            $t,
+            crate::op::$op
+        );)*
+    };
+
+    // Host: the rows of the table, `[type]` (copy) and `[type][op]` (each reduction).
+    (@copy_rows $kind:ident $kind_name:literal [$($t:ty => $t_name:literal),* $(,)?]) => {
+        [$(EntryPoint::new(
+            concat!("ringccl_", $kind_name, "_", $t_name),
+            EntryKind::$kind,
+            <$t as crate::element::Element>::DTYPE,
+            None,
+        )),*]
+    };
+    (@rows $kind:ident $kind_name:literal [$($t:ty => $t_name:literal),* $(,)?] $ops:tt) => {
+        [$(entry_points!(@type_rows $kind $kind_name $t => $t_name, $ops)),*]
+    };
+    (
+        @type_rows $kind:ident $kind_name:literal $t:ty => $t_name:literal,
+        [$($op:ident => $op_name:literal),* $(,)?]
+    ) => {
+        [$(EntryPoint::new(
+            concat!("ringccl_", $kind_name, "_", $op_name, "_", $t_name),
+            EntryKind::$kind,
+            <$t as crate::element::Element>::DTYPE,
+            Some(RedOp::$op),
+        )),*]
+    };
+}
+
+entry_points! {
+    // Element types (in `DataType::ALL` order) and their names in the symbols.
+    types: [
+        f32 => "f32",
+        f64 => "f64",
+        F16 => "f16",
+        Bf16 => "bf16",
+        i8 => "i8",
+        u8 => "u8",
+        i32 => "i32",
+        u32 => "u32",
+        i64 => "i64",
+        u64 => "u64",
+    ],
+    // Operators (in `RedOp::ALL` order).
+    ops: [Sum => "sum", Prod => "prod", Min => "min", Max => "max", Avg => "avg"],
+    // The primitive without an operator: one entry point per type.
+    copy: Copy => "copy",
+    // The primitives with one: one entry point per type and operator.
+    reductions: [Reduce => "reduce", ReduceCopy => "reduce_copy", OneShot => "oneshot"],
 }

@@ -1,15 +1,17 @@
 //! ringccl's GPU kernels, written in `#![no_std]` Rust and compiled to PTX.
 //!
 //! Layers, bottom up:
-//! * [`element`]: the ten element types and the arithmetic of one reduction step, shared with
-//!   the host so the CPU computes the exact bits a GPU step produces;
+//! * [`element`]: the ten element types ([`DataType`] names them at run time) and the
+//!   arithmetic of one reduction step, shared with the host so the CPU computes the exact bits
+//!   a GPU step produces;
 //! * [`op`]: the reduction operators (sum, prod, min, max, avg);
 //! * [`prim`]: NCCL's primitives (copy, reduce, reduce-copy) as one generic function;
 //! * [`oneshot`]: the one-shot all-reduce for small messages (one block per rank, a device-side
 //!   barrier over flags instead of host events);
-//! * `kernels` (nvptx64 only): the `extern "ptx-kernel"` entry points, one per primitive ×
-//!   type (× operator), instantiated by macros. [`ENTRY_POINTS`] lists their names and
-//!   signatures; `cargo xtask build-ptx` compiles them and the host crate embeds the PTX.
+//! * [`entry`]: the one list of `extern "ptx-kernel"` entry points, one per primitive × type
+//!   (× operator). On nvptx64 it expands into the kernels (their shapes are in `kernels`), on
+//!   the host into [`ENTRY_POINTS`], their names and signatures, with [`entry::entry_index`]
+//!   to find one; `cargo xtask build-ptx` compiles the kernels and the host crate embeds the PTX.
 //!
 //! ```
 //! use gpu_kernels::{op::Sum, prim::{reduce_copy, Grid}};
@@ -30,7 +32,6 @@
 )]
 
 pub mod element;
-#[cfg(not(target_arch = "nvptx64"))]
 pub mod entry;
 pub mod oneshot;
 pub mod op;
@@ -39,6 +40,7 @@ pub mod prim;
 #[cfg(target_arch = "nvptx64")]
 mod kernels;
 
+pub use element::DataType;
 #[cfg(not(target_arch = "nvptx64"))]
 pub use entry::{EntryKind, ENTRY_POINTS};
 

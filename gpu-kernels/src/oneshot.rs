@@ -31,7 +31,11 @@ pub const FLAG_WORDS: usize = 32;
 /// Index of the word that counts the rank's one-shot calls.
 pub const COUNTER: usize = 16;
 
-/// Most ranks a one-shot all-reduce supports (the kernel's source slots).
+/// Most ranks a one-shot all-reduce supports: the `ringccl_oneshot_*` entry points have one
+/// source slot (`s0..s7`) and one flag slot (`f0..f7`) per rank (see [`crate::entry`]).
+///
+/// A limit of its own, equal to the reduce kernel's [`crate::prim::MAX_SRCS`] but not tied to
+/// it.
 pub const MAX_RANKS: usize = 8;
 
 /// Longest a thread waits for a peer's flag before the kernel traps (60 s).
@@ -122,7 +126,8 @@ mod dev {
     /// and `count`; the first `nsrc` sources (rank order) readable for `count` elements, `dst`
     /// writable for `count`; `tmp` null (out of place) or writable for `count` and not
     /// overlapping anything else (in place: `dst == srcs[rank]`); `flags[0..nsrc]` every rank's
-    /// flag array (`flags[rank] == my_flags`), all accessible from this GPU; `rank < nsrc ≤ 8`.
+    /// flag array (`flags[rank] == my_flags`), all accessible from this GPU;
+    /// `rank < nsrc ≤ MAX_RANKS`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce<T: Element, O: ReduceOp>(

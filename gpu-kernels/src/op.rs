@@ -120,6 +120,16 @@ impl RedOp {
     /// Every operator, in kernel-table order.
     pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg];
 
+    /// The position of this operator in [`RedOp::ALL`].
+    ///
+    /// ```
+    /// use gpu_kernels::op::RedOp;
+    /// assert_eq!(RedOp::ALL[RedOp::Max.index()], RedOp::Max);
+    /// ```
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The name used in kernel entry points.
     pub const fn name(self) -> &'static str {
         match self {
@@ -269,6 +279,7 @@ mod tests {
             names.as_slice()
         );
         for (i, a) in RedOp::ALL.iter().enumerate() {
+            assert_eq!(a.index(), i);
             for b in &RedOp::ALL[i + 1..] {
                 assert_ne!(a, b);
                 assert_ne!(a.name(), b.name());

@@ -14,7 +14,8 @@
 use crate::element::Element;
 use crate::op::ReduceOp;
 
-/// Most sources one reduce kernel folds.
+/// Most sources one reduce kernel folds: the source slots (`s0..s7`) of the `ringccl_reduce_*`
+/// entry points (see [`crate::entry`]).
 pub const MAX_SRCS: usize = 8;
 
 /// Bytes moved by one vector access.

@@ -1,171 +1,104 @@
-//! `ENTRY_POINTS` (the host's mirror) against the `entry_points!` invocation in `kernels.rs`
-//! (which exists only in the nvptx64 build, so its source text is parsed here).
+//! `ENTRY_POINTS`, the host's expansion of the entry point list: names, layout and the
+//! constant-time lookup (`entry_index`, `find_entry`).
 
-use gpu_kernels::entry::{find_entry, EntryPoint};
+use gpu_kernels::entry::{entry_index, find_entry, EntryPoint};
 use gpu_kernels::op::RedOp;
-use gpu_kernels::{EntryKind, ENTRY_POINTS};
+use gpu_kernels::{DataType, EntryKind, ENTRY_POINTS};
 use std::collections::HashSet;
 
-const KERNELS_RS: &str = include_str!("../src/kernels.rs");
-
-const DTYPES: [&str; 10] = [
-    "f32", "f64", "f16", "bf16", "i8", "u8", "i32", "u32", "i64", "u64",
-];
-
-/// One line of the invocation: `copy ringccl_copy_f32: f32;` or
-/// `reduce ringccl_reduce_sum_f16: F16, Sum;`, as an entry.
-fn parse_line(line: &str) -> EntryPoint {
-    let line = line
-        .strip_suffix(';')
-        .unwrap_or_else(|| panic!("no ';' in {line:?}"));
-    let (head, ty) = line
-        .split_once(':')
-        .unwrap_or_else(|| panic!("no ':' in {line:?}"));
-    let mut head = head.split_whitespace();
-    let kind = match head.next() {
-        Some("copy") => EntryKind::Copy,
-        Some("reduce") => EntryKind::Reduce,
-        Some("reduce_copy") => EntryKind::ReduceCopy,
-        Some("oneshot") => EntryKind::OneShot,
-        other => panic!("unknown kind {other:?} in {line:?}"),
-    };
-    let name: &'static str = head.next().expect("a name").to_string().leak();
-    assert!(head.next().is_none(), "{line:?}");
-    let mut ty = ty.split(',').map(str::trim);
-    let dtype = match ty.next().expect("a type") {
-        "F16" => "f16",
-        "Bf16" => "bf16",
-        t => DTYPES
-            .iter()
-            .find(|&&d| d == t)
-            .unwrap_or_else(|| panic!("unknown type {t}")),
-    };
-    let op = ty.next().map(|o| match o {
-        "Sum" => RedOp::Sum,
-        "Prod" => RedOp::Prod,
-        "Min" => RedOp::Min,
-        "Max" => RedOp::Max,
-        "Avg" => RedOp::Avg,
-        o => panic!("unknown op {o}"),
-    });
-    assert!(ty.next().is_none(), "{line:?}");
-    EntryPoint {
-        name,
-        kind,
-        dtype,
-        op,
-    }
-}
-
-/// The entries of the `entry_points! { ... }` invocation, in source order.
-fn kernel_source_entries() -> Vec<EntryPoint> {
-    let start = KERNELS_RS
-        .lines()
-        .position(|l| l.trim() == "entry_points! {")
-        .expect("the entry_points! invocation");
-    let mut out = Vec::new();
-    for line in KERNELS_RS.lines().skip(start + 1) {
-        let line = line.trim();
-        if line == "}" {
-            return out;
-        }
-        if line.is_empty() || line.starts_with("//") {
-            continue;
-        }
-        out.push(parse_line(line));
-    }
-    panic!("unterminated entry_points! invocation");
-}
-
-#[test]
-fn table_matches_kernel_source() {
-    let src = kernel_source_entries();
-    assert_eq!(src.len(), 160, "kernels.rs entry count");
-    assert_eq!(ENTRY_POINTS.len(), 160, "ENTRY_POINTS count");
-    for e in &src {
-        let n = ENTRY_POINTS.iter().filter(|t| t.name == e.name).count();
-        assert_eq!(n, 1, "{} appears {n} times in ENTRY_POINTS", e.name);
-    }
-    for t in ENTRY_POINTS {
-        let n = src.iter().filter(|e| e.name == t.name).count();
-        assert_eq!(n, 1, "{} appears {n} times in kernels.rs", t.name);
-    }
-    // Same kind, type and operator for each name; same order too.
-    assert_eq!(src.as_slice(), ENTRY_POINTS);
-}
+const REDUCTIONS: [EntryKind; 3] = [EntryKind::Reduce, EntryKind::ReduceCopy, EntryKind::OneShot];
 
 #[test]
 fn names_are_unique_and_systematic() {
+    // 10 copies + 10 types x 5 ops x 3 kinds.
+    assert_eq!(ENTRY_POINTS.len(), 10 + 10 * 5 * 3);
     let names: HashSet<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
     assert_eq!(names.len(), ENTRY_POINTS.len(), "duplicate names");
     for e in ENTRY_POINTS {
         let want = match (e.kind, e.op) {
-            (EntryKind::Copy, None) => format!("ringccl_copy_{}", e.dtype),
-            (EntryKind::Reduce, Some(op)) => format!("ringccl_reduce_{}_{}", op.name(), e.dtype),
+            (EntryKind::Copy, None) => format!("ringccl_copy_{}", e.dtype.name()),
+            (EntryKind::Reduce, Some(op)) => {
+                format!("ringccl_reduce_{}_{}", op.name(), e.dtype.name())
+            }
             (EntryKind::ReduceCopy, Some(op)) => {
-                format!("ringccl_reduce_copy_{}_{}", op.name(), e.dtype)
+                format!("ringccl_reduce_copy_{}_{}", op.name(), e.dtype.name())
             }
             (EntryKind::OneShot, Some(op)) => {
-                format!("ringccl_oneshot_{}_{}", op.name(), e.dtype)
+                format!("ringccl_oneshot_{}_{}", op.name(), e.dtype.name())
             }
             _ => panic!("{e:?}: copies have no operator, reductions have one"),
         };
         assert_eq!(e.name, want);
-        assert!(DTYPES.contains(&e.dtype), "{e:?}");
     }
-    // Copies first, as documented.
-    let copies = ENTRY_POINTS
-        .iter()
-        .take_while(|e| e.kind == EntryKind::Copy)
-        .count();
-    assert_eq!(copies, 10);
+    let kinds: Vec<&str> = EntryKind::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(kinds, ["copy", "reduce", "reduce_copy", "oneshot"]);
 }
 
 #[test]
-fn find_entry_for_every_kind_type_and_op() {
-    for dtype in DTYPES {
-        let e = find_entry(EntryKind::Copy, dtype, None).expect("copy entry");
-        assert_eq!((e.kind, e.dtype, e.op), (EntryKind::Copy, dtype, None));
-        for op in RedOp::ALL {
-            assert!(find_entry(EntryKind::Copy, dtype, Some(op)).is_none());
-            for kind in [EntryKind::Reduce, EntryKind::ReduceCopy, EntryKind::OneShot] {
-                let e = find_entry(kind, dtype, Some(op))
-                    .unwrap_or_else(|| panic!("{kind:?} {dtype} {op:?}"));
-                assert_eq!((e.kind, e.dtype, e.op), (kind, dtype, Some(op)));
-                assert_eq!(ENTRY_POINTS.iter().filter(|t| *t == e).count(), 1);
+fn layout_copies_then_kind_type_op() {
+    let mut want = Vec::new();
+    for dtype in DataType::ALL {
+        want.push((EntryKind::Copy, dtype, None));
+    }
+    for kind in REDUCTIONS {
+        for dtype in DataType::ALL {
+            for op in RedOp::ALL {
+                want.push((kind, dtype, Some(op)));
             }
         }
-        for kind in [EntryKind::Reduce, EntryKind::ReduceCopy, EntryKind::OneShot] {
-            assert!(find_entry(kind, dtype, None).is_none());
-        }
     }
-    assert!(find_entry(EntryKind::Copy, "f8", None).is_none());
-    assert!(find_entry(EntryKind::Reduce, "F16", Some(RedOp::Sum)).is_none());
-    // 10 copies + 10 types x 5 ops x 3 kinds.
-    assert_eq!(10 + 10 * 5 * 3, ENTRY_POINTS.len());
-}
-
-#[test]
-fn oneshot_entries_come_last_one_per_type_and_op() {
-    let oneshot: Vec<&EntryPoint> = ENTRY_POINTS
+    let got: Vec<_> = ENTRY_POINTS
         .iter()
-        .filter(|e| e.kind == EntryKind::OneShot)
+        .map(|e| (e.kind, e.dtype, e.op))
         .collect();
-    assert_eq!(oneshot.len(), 50);
-    // They are the table's last 50 rows (appended after the ring primitives).
+    assert_eq!(got, want);
+    assert_eq!(EntryKind::ALL[1..], REDUCTIONS);
+    // The one-shot entries are the table's last 50 rows (appended after the ring primitives).
     assert!(ENTRY_POINTS[ENTRY_POINTS.len() - 50..]
         .iter()
         .all(|e| e.kind == EntryKind::OneShot));
-    for dtype in DTYPES {
+}
+
+#[test]
+fn entry_index_is_the_position() {
+    for (i, e) in ENTRY_POINTS.iter().enumerate() {
+        assert_eq!(entry_index(e.kind, e.dtype, e.op), Some(i), "{e:?}");
+        let found: &EntryPoint = find_entry(e.kind, e.dtype, e.op).expect("an entry");
+        assert_eq!(found, e);
+    }
+}
+
+#[test]
+fn entry_index_rejects_invalid_combinations() {
+    for dtype in DataType::ALL {
         for op in RedOp::ALL {
-            assert_eq!(
-                oneshot
-                    .iter()
-                    .filter(|e| e.dtype == dtype && e.op == Some(op))
-                    .count(),
-                1,
-                "{dtype} {op:?}"
-            );
+            assert_eq!(entry_index(EntryKind::Copy, dtype, Some(op)), None);
+            assert!(find_entry(EntryKind::Copy, dtype, Some(op)).is_none());
+        }
+        for kind in REDUCTIONS {
+            assert_eq!(entry_index(kind, dtype, None), None, "{kind:?} {dtype:?}");
+            assert!(find_entry(kind, dtype, None).is_none());
         }
     }
+}
+
+#[test]
+fn every_valid_combination_has_one_entry() {
+    let mut seen = HashSet::new();
+    for kind in EntryKind::ALL {
+        for dtype in DataType::ALL {
+            let ops: Vec<Option<RedOp>> = if kind == EntryKind::Copy {
+                vec![None]
+            } else {
+                RedOp::ALL.into_iter().map(Some).collect()
+            };
+            for op in ops {
+                let i = entry_index(kind, dtype, op).expect("a valid combination");
+                assert!(seen.insert(i), "{kind:?} {dtype:?} {op:?}: index {i} twice");
+                let e = &ENTRY_POINTS[i];
+                assert_eq!((e.kind, e.dtype, e.op), (kind, dtype, op));
+            }
+        }
+    }
+    assert_eq!(seen.len(), ENTRY_POINTS.len());
 }

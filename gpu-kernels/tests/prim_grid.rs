@@ -1,7 +1,8 @@
 //! `prim::reduce_copy` executed on the CPU: a grid is emulated by calling it once per thread
-//! index, for every element type and operator, 1..=8 sources, one or two destinations, in place
-//! or not, counts around the vector width, and pointer offsets that take the vector path
-//! (same offset modulo 16 bytes: head, vectors, tail) or the scalar path (different offsets).
+//! index, for every element type and operator, 1..=`MAX_SRCS` sources, one or two destinations,
+//! in place or not, counts around the vector width, and pointer offsets that take the vector
+//! path (same offset modulo 16 bytes: head, vectors, tail) or the scalar path (different
+//! offsets).
 //!
 //! Each result is compared with a plain fold (`RedOp::combine`, then `RedOp::finish` with
 //! `postdiv`); every buffer is surrounded by guard elements holding a sentinel, and outputs are
@@ -345,7 +346,7 @@ fn sweep_type<T: TestElem>(seed: u64) {
         ($($o:ty),*) => {$(
             sweep::<T, $o, 1>(&mut r, &[1]);
             sweep::<T, $o, 2>(&mut r, &[2]);
-            sweep::<T, $o, MAX_SRCS>(&mut r, &[1, 2, 3, 4, 5, 6, 7, 8]);
+            sweep::<T, $o, MAX_SRCS>(&mut r, &(1..=MAX_SRCS).collect::<Vec<_>>());
         )*};
     }
     ops!(Sum, Prod, Min, Max, Avg);

@@ -260,7 +260,7 @@ impl Bench {
     fn run_type<T: Gen>(&mut self, kind: EntryKind, rng: &mut StdRng) -> Result<()> {
         let entries: Vec<&EntryPoint> = ENTRY_POINTS
             .iter()
-            .filter(|e| e.kind == kind && e.dtype == T::NAME)
+            .filter(|e| e.kind == kind && e.dtype == T::DTYPE)
             .collect();
         let (nsrcs, twos): (&[usize], &[bool]) = match kind {
             EntryKind::Copy => (&[1], &[false, true]),

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpu_kernels::entry::{EntryKind, EntryPoint};
+use gpu_kernels::entry::EntryPoint;
 
 /// What `ptxas -v` reports for one function.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,15 +175,11 @@ pub fn register_table(
     let mut regs: Vec<(u32, &str)> = Vec::new();
     let (mut stack, mut spills) = (0u32, 0u32);
     for e in entries {
-        if !dtypes.contains(&e.dtype) {
-            dtypes.push(e.dtype);
+        let dtype = e.dtype.name();
+        if !dtypes.contains(&dtype) {
+            dtypes.push(dtype);
         }
-        let kind = match e.kind {
-            EntryKind::Copy => "copy",
-            EntryKind::Reduce => "reduce",
-            EntryKind::ReduceCopy => "reduce_copy",
-            EntryKind::OneShot => "oneshot",
-        };
+        let kind = e.kind.name();
         let row = match e.op {
             Some(op) => format!("{kind} {}", op.name()),
             None => kind.to_string(),
@@ -199,9 +195,9 @@ pub fn register_table(
         };
         match rows.iter_mut().find(|(name, _)| *name == row) {
             Some((_, cells)) => {
-                cells.insert(e.dtype, cell);
+                cells.insert(dtype, cell);
             }
-            None => rows.push((row, BTreeMap::from([(e.dtype, cell)]))),
+            None => rows.push((row, BTreeMap::from([(dtype, cell)]))),
         }
     }
     let label_w = rows
@@ -258,6 +254,7 @@ pub fn register_table(
 mod tests {
     use super::*;
     use gpu_kernels::op::RedOp;
+    use gpu_kernels::{DataType, EntryKind};
 
     const SAMPLE: &str = "\
 ptxas info    : 0 bytes gmem
@@ -310,14 +307,14 @@ ptxas info    : Used 130 registers, 400 bytes cmem[0]
     fn check_flags_stack_spills_and_missing_entries() {
         let r = parse(SAMPLE);
         let entries = [
-            Ep::new("ringccl_copy_f32", EntryKind::Copy, "f32", None),
+            Ep::new("ringccl_copy_f32", EntryKind::Copy, DataType::F32, None),
             Ep::new(
                 "ringccl_reduce_sum_f32",
                 EntryKind::Reduce,
-                "f32",
+                DataType::F32,
                 Some(RedOp::Sum),
             ),
-            Ep::new("ringccl_copy_u8", EntryKind::Copy, "u8", None),
+            Ep::new("ringccl_copy_u8", EntryKind::Copy, DataType::U8, None),
         ];
         let errors = check("sm_90", &entries, &r);
         assert_eq!(errors.len(), 2, "{errors:?}");
@@ -333,12 +330,12 @@ ptxas info    : Used 130 registers, 400 bytes cmem[0]
     fn table_has_one_row_per_primitive_and_op() {
         let r = parse(SAMPLE);
         let entries = [
-            Ep::new("ringccl_copy_f32", EntryKind::Copy, "f32", None),
-            Ep::new("ringccl_copy_f64", EntryKind::Copy, "f64", None),
+            Ep::new("ringccl_copy_f32", EntryKind::Copy, DataType::F32, None),
+            Ep::new("ringccl_copy_f64", EntryKind::Copy, DataType::F64, None),
             Ep::new(
                 "ringccl_reduce_sum_f32",
                 EntryKind::Reduce,
-                "f32",
+                DataType::F32,
                 Some(RedOp::Sum),
             ),
         ];
