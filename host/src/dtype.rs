@@ -2,86 +2,14 @@
 
 use gpu_kernels::element::{Bf16, Element, F16};
 
-/// The element type of a buffer, as a run-time value.
+/// The element type of a buffer, as a run-time value (defined next to the kernels' math).
 ///
 /// ```
 /// use ringccl::DataType;
 /// assert_eq!(DataType::BF16.size(), 2);
 /// assert_eq!(DataType::ALL.len(), 10);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataType {
-    /// `f32`
-    F32,
-    /// `f64`
-    F64,
-    /// `half::f16`
-    F16,
-    /// `half::bf16`
-    BF16,
-    /// `i8`
-    I8,
-    /// `u8`
-    U8,
-    /// `i32`
-    I32,
-    /// `u32`
-    U32,
-    /// `i64`
-    I64,
-    /// `u64`
-    U64,
-}
-
-impl DataType {
-    /// Every type.
-    pub const ALL: [DataType; 10] = [
-        DataType::F32,
-        DataType::F64,
-        DataType::F16,
-        DataType::BF16,
-        DataType::I8,
-        DataType::U8,
-        DataType::I32,
-        DataType::U32,
-        DataType::I64,
-        DataType::U64,
-    ];
-
-    /// Size of one element in bytes.
-    pub const fn size(self) -> usize {
-        match self {
-            DataType::F32 | DataType::I32 | DataType::U32 => 4,
-            DataType::F64 | DataType::I64 | DataType::U64 => 8,
-            DataType::F16 | DataType::BF16 => 2,
-            DataType::I8 | DataType::U8 => 1,
-        }
-    }
-
-    /// The name used in kernel entry points (`"f32"`, `"bf16"`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DataType::F32 => "f32",
-            DataType::F64 => "f64",
-            DataType::F16 => "f16",
-            DataType::BF16 => "bf16",
-            DataType::I8 => "i8",
-            DataType::U8 => "u8",
-            DataType::I32 => "i32",
-            DataType::U32 => "u32",
-            DataType::I64 => "i64",
-            DataType::U64 => "u64",
-        }
-    }
-
-    /// Whether the type is a floating-point type.
-    pub const fn is_float(self) -> bool {
-        matches!(
-            self,
-            DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
-        )
-    }
-}
+pub use gpu_kernels::DataType;
 
 /// A Rust type ringccl can reduce: `f32 f64 half::f16 half::bf16 i8 u8 i32 u32 i64 u64`.
 ///
@@ -97,10 +25,10 @@ impl DataType {
 pub trait DeviceElement:
     cudarc::driver::DeviceRepr + Copy + Default + Send + Sync + std::fmt::Debug + 'static
 {
-    /// The run-time tag.
-    const DTYPE: DataType;
     /// The bit-identical element type of `gpu-kernels`.
     type Math: Element;
+    /// The run-time tag (the kernels' type's own).
+    const DTYPE: DataType = <Self::Math as Element>::DTYPE;
     /// Same bits, as the kernels' type.
     fn to_math(self) -> Self::Math;
     /// Same bits, back.
@@ -108,9 +36,8 @@ pub trait DeviceElement:
 }
 
 macro_rules! same_type {
-    ($($t:ty => $d:ident;)*) => {$(
+    ($($t:ty;)*) => {$(
         impl DeviceElement for $t {
-            const DTYPE: DataType = DataType::$d;
             type Math = $t;
             #[inline]
             fn to_math(self) -> $t { self }
@@ -121,11 +48,10 @@ macro_rules! same_type {
 }
 
 same_type! {
-    f32 => F32; f64 => F64; i8 => I8; u8 => U8; i32 => I32; u32 => U32; i64 => I64; u64 => U64;
+    f32; f64; i8; u8; i32; u32; i64; u64;
 }
 
 impl DeviceElement for half::f16 {
-    const DTYPE: DataType = DataType::F16;
     type Math = F16;
     #[inline]
     fn to_math(self) -> F16 {
@@ -138,7 +64,6 @@ impl DeviceElement for half::f16 {
 }
 
 impl DeviceElement for half::bf16 {
-    const DTYPE: DataType = DataType::BF16;
     type Math = Bf16;
     #[inline]
     fn to_math(self) -> Bf16 {

@@ -33,7 +33,7 @@ const SLOT_ELEMS: usize = GUARD + MAX_OFFSET + MAXN + GUARD;
 /// Bytes of one slot (for 8-byte elements), rounded to 256 so every slot starts 256-aligned.
 const SLOT_BYTES: usize = (SLOT_ELEMS * 8).div_ceil(256) * 256;
 /// Source slots per alignment case.
-const MAX_SRCS: usize = 8;
+const MAX_SRCS: usize = gpu_kernels::prim::MAX_SRCS;
 
 /// Element offsets of every pointer in one alignment case.
 struct Align {

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
+use gpu_kernels::entry::entry_index;
 use gpu_kernels::{EntryKind, ENTRY_POINTS};
 
 use crate::{DataType, Error, RedOp, Result};
@@ -65,13 +66,6 @@ pub fn ptx_arch_for(major: i32, _minor: i32) -> Option<PtxArch> {
         8 => Some(PtxArch::Sm80),
         _ => None,
     }
-}
-
-// Interim lookup until gpu-kernels exports its O(1) index.
-fn entry_index(kind: EntryKind, dtype: DataType, op: Option<RedOp>) -> Option<usize> {
-    ENTRY_POINTS
-        .iter()
-        .position(|e| e.kind == kind && e.dtype == dtype.name() && e.op == op)
 }
 
 /// ringccl's kernels loaded into one context: the module's functions (indexed like
