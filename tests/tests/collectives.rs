@@ -861,17 +861,8 @@ fn run_case<T: Elem>(
 // The collectives, described once
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Coll {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-    Broadcast,
-    Reduce,
-    AllToAll,
-    Gather,
-    Scatter,
-}
+/// The collectives are ringccl's own list; this file adds what a test case needs to know.
+use ringccl::CollectiveKind as Coll;
 
 /// How one rank passes its buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -896,27 +887,36 @@ enum Placement {
     RootSendOnly,
 }
 
-impl Coll {
-    fn name(self) -> &'static str {
-        match self {
-            Coll::AllReduce => "all_reduce",
-            Coll::ReduceScatter => "reduce_scatter",
-            Coll::AllGather => "all_gather",
-            Coll::Broadcast => "broadcast",
-            Coll::Reduce => "reduce",
-            Coll::AllToAll => "all_to_all",
-            Coll::Gather => "gather",
-            Coll::Scatter => "scatter",
-        }
-    }
+/// What the cases need to know of a collective, beyond `CollectiveKind`'s own properties.
+trait Case: Sized {
+    fn reduces(self) -> bool;
+    fn rooted(self) -> bool;
+    fn in_len(self, n: usize, c: usize) -> usize;
+    fn out_len(self, n: usize, c: usize) -> usize;
+    fn factor(self, n: usize) -> usize;
+    fn has_send(self, r: usize, root: usize) -> bool;
+    fn has_recv(self, r: usize, root: usize) -> bool;
+    fn placements(self, count: usize) -> Vec<Placement>;
+    fn in_place_input_offset(self, r: usize, root: usize, c: usize) -> usize;
+    fn in_place_output_offset(self, r: usize, root: usize, c: usize) -> usize;
+    #[allow(clippy::too_many_arguments)]
+    fn call<T: Elem>(
+        self,
+        comm: &Communicator,
+        io: &mut [Io<'_, T>],
+        count: usize,
+        op: RedOp,
+        root: usize,
+        streams: &[&Arc<CudaStream>],
+    ) -> ringccl::Result<()>;
+}
+
+impl Case for Coll {
     fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+        self.has_op()
     }
     fn rooted(self) -> bool {
-        matches!(
-            self,
-            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
-        )
+        self.has_root()
     }
     /// Per-rank input length for `count`.
     fn in_len(self, n: usize, c: usize) -> usize {
@@ -948,7 +948,7 @@ impl Coll {
     }
     fn placements(self, count: usize) -> Vec<Placement> {
         let mut p = vec![Placement::OutOfPlace];
-        if self != Coll::AllToAll {
+        if self.has_in_place() {
             p.push(Placement::InPlace);
         }
         if self.rooted() && count < LARGE {
@@ -994,6 +994,7 @@ impl Coll {
             Coll::AllToAll => comm.all_to_all(io, count, streams),
             Coll::Gather => comm.gather(io, count, root, streams),
             Coll::Scatter => comm.scatter(io, count, root, streams),
+            Coll::SendRecv => unreachable!("send/recv groups have cases of their own"),
         }
     }
 }
@@ -1034,6 +1035,7 @@ fn expected<'a, T: Elem>(
         Coll::AllToAll => (0..n)
             .map(|i| Seg::Bits(&inputs[i][r * c..(r + 1) * c]))
             .collect(),
+        Coll::SendRecv => unreachable!("send/recv groups have cases of their own"),
     }
 }
 

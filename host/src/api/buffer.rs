@@ -24,16 +24,19 @@
 //! stream wait, at the end of a call, for every step of any rank that touched that rank's
 //! memory, so these events cover the whole collective: a later cudarc operation on another
 //! stream (a copy to the host, a free when the slice is dropped) waits for the collective.
-//! Reading a buffer's address when an [`Io`] is built also goes through cudarc
-//! (`DevicePtr::device_ptr` on the buffer's own stream: the only way cudarc exposes it), which
-//! enqueues at most an event wait and an event record on that stream; nothing else.
+//! Reading a buffer's address ([`DeviceSlice::raw`], when an [`Io`] is built) orders nothing
+//! of the caller's: cudarc exposes the address only with a stream to wait on, and ringccl gives
+//! it a private stream of the buffer's context that runs nothing.
 //! With event tracking disabled ([`CudaContext::disable_event_tracking`], or a single stream per
 //! context) none of this happens and ordering is entirely the caller's, as with NCCL.
 //!
 //! [`CudaContext::disable_event_tracking`]: cudarc::driver::CudaContext::disable_event_tracking
 
+use std::sync::{Arc, Mutex};
+
 use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop,
+    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    SyncOnDrop,
 };
 
 /// A buffer as plain data: device address in bytes, length in elements, device ordinal.
@@ -107,7 +110,8 @@ impl RawBuf {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub unsafe trait DeviceSlice<T> {
-    /// Address, length in elements, and device ordinal.
+    /// Address, length in elements, and device ordinal: plain data. For cudarc's types,
+    /// reading it enqueues nothing on any stream of the caller's (see the module docs).
     fn raw(&self) -> RawBuf;
 
     /// Orders a read of the memory on `stream` after earlier tracked writes; the returned guard,
@@ -150,13 +154,34 @@ fn owner_ordinal<T>(s: &impl cudarc::driver::DeviceSlice<T>) -> usize {
     s.stream().context().ordinal()
 }
 
-/// Reads the address of a cudarc slice or view. cudarc only hands it out with a stream to
-/// order the access on (the buffer's own stream here: at most one event wait is enqueued
-/// there). The read record it returns is forgotten, not dropped: dropping it would re-record
-/// the buffer's read event on that stream and hide an earlier read on another stream from the
-/// collective's own tracking ([`DeviceSliceMut::track_write`]).
+/// A stream of `ctx` that ringccl uses for nothing but reading buffer addresses, created once
+/// per context and kept for the life of the process (`None` if the driver cannot create one).
+fn address_stream(ctx: &Arc<CudaContext>) -> Option<Arc<CudaStream>> {
+    static STREAMS: Mutex<Vec<(usize, Arc<CudaStream>)>> = Mutex::new(Vec::new());
+    // The handle identifies the context: the stream kept here holds the context alive, so the
+    // handle is never reused for another.
+    let key = ctx.cu_ctx() as usize;
+    let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, s)) = streams.iter().find(|(k, _)| *k == key) {
+        return Some(s.clone());
+    }
+    let s = ctx.new_stream().ok()?;
+    streams.push((key, s.clone()));
+    Some(s)
+}
+
+/// Reads the address of a cudarc slice or view, without ordering anything of the caller's.
+///
+/// cudarc hands an address out only with a stream to order the access on: it enqueues there a
+/// wait for the buffer's last tracked write, and returns a record of the read. Here that
+/// stream is one of ringccl's own that runs nothing ([`address_stream`]), so the wait orders
+/// nothing the caller sees, and the record is forgotten (dropping it would re-record the
+/// buffer's read event and hide an earlier read on another stream from the collective's own
+/// tracking). Only if the driver cannot create that stream is the buffer's own stream used.
 fn address<T>(s: &impl DevicePtr<T>) -> u64 {
-    let (ptr, record) = s.device_ptr(s.stream());
+    let own = s.stream();
+    let private = address_stream(own.context());
+    let (ptr, record) = s.device_ptr(private.as_ref().unwrap_or(own));
     // `SyncOnDrop` only borrows; forgetting it skips the event record and nothing else.
     std::mem::forget(record);
     ptr

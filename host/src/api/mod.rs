@@ -160,6 +160,8 @@ impl Communicator {
     /// of input and output, or one buffer in place.
     ///
     /// Returns once the work is enqueued: synchronise the streams before using the results.
+    /// Arrays serve as well as vectors: one rank's call reads
+    /// `comm.all_reduce(&mut [Io::in_place(&mut buf)], count, op, &[stream])`.
     ///
     /// ```no_run
     /// use ringccl::{Communicator, Io, RedOp};
