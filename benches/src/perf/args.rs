@@ -537,7 +537,7 @@ mod tests {
 
     #[test]
     fn documented_command_lines() {
-        // As the GPU session script and the perf README run the tool.
+        // As scripts/gpu-run.sh and the perf README run the tool.
         let o = run(&[
             "-t",
             "all_reduce",
