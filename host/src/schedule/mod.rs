@@ -30,8 +30,10 @@
 //! ```
 
 mod ring;
+mod shadow;
 
 pub use ring::*;
+pub use shadow::{peer_private_access, through_scratch};
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -792,3 +792,5 @@ fn malformed_schedules_are_errors_not_panics() {
         .to_string()
         .contains("cycle"));
 }
+
+mod shadow;
