@@ -21,18 +21,24 @@
 //! # Publish and collect
 //!
 //! Two kinds of local copy steps run on `q` (its own buffers to its own scratch):
-//! * **publish** (real → shadow), just before the first step that *reads* an element whose
+//! * **publish** (real → shadow), before the first step that *reads* an element whose
 //!   first access in the schedule is a read: the element's initial contents matter (an input,
 //!   or an in-place receive buffer that holds input). Elements written before they are read
 //!   are not published.
-//! * **collect** (shadow → real), just after the *last write* of a written element, so the
+//! * **collect** (shadow → real), after the *last write* of a written element, so the
 //!   caller sees the result (a receive buffer; or the send buffer where an in-place layout made
 //!   it the canonical output, as in an in-place reduce-scatter). Elements never written are not
 //!   collected.
 //!
 //! Both are chunked like the steps that need them: one publish per first-reading step (for the
-//! elements it reads first), one collect per last-writing step, so the pipeline of the original
-//! schedule is kept (the first chunk's publish does not wait for the whole buffer).
+//! elements it reads first), one collect per last-writing step. They are placed so that the
+//! rewrite adds no wait between the original steps: a publish goes on the owner's stream right
+//! after the owner's latest step that every step accessing those elements already waits for
+//! (at the start of the call when there is none), and a collect right before the owner's first
+//! step that already waits for the last writer (at the end when there is none; right after
+//! the write when the owner wrote it). So the original pipeline is kept: in a 2-rank
+//! all-reduce each rank first publishes the chunks its peer reads, and both ranks still reduce side
+//! by side, each waiting only for the peer's publish of the chunk it reads.
 //!
 //! # What it costs
 //!
@@ -47,9 +53,28 @@
 //!
 //! For `n ≥ 3` the whole receive buffer is shadowed because the successor pulls partial sums
 //! and results from it; the send buffer only for the one segment the successor reads first.
-//! These copies are device-local (a fraction of the ring's traffic over the links, but not
-//! free). A later zero-copy path, where the caller's buffers are registered with the
-//! communicator and exported to the peers, does not need this rewrite and skips them.
+//! The ring itself moves `2 (n − 1) / n · N` bytes per rank over the links; the rewrite adds
+//! `(1 + 1/n) · N` bytes (out of place) or `2 N` (in place) of copies inside each GPU's own
+//! memory: cheaper per byte than the links, but not free.
+//!
+//! The other collectives, per rank, with `c` the per-rank block (`count`, `sendcount`,
+//! `recvcount` or `count_per_peer`, in bytes), both layouts, `n ≥ 2`:
+//!
+//! | collective | published | collected |
+//! | --- | --- | --- |
+//! | reduce-scatter | `c` (the block its successor reads first) | none |
+//! | all-gather | `c` (its own block) | `(n − 2) · c` (the blocks it relays) |
+//! | broadcast | root: `c` | the `n − 2` relaying ranks: `c` |
+//! | reduce | the rank after the root: `c` | none (partials are in scratch already) |
+//! | all-to-all, out of place | `(n − 1) · c` | none |
+//! | gather | each non-root: `c` | none |
+//! | scatter | root: `(n − 1) · c` | none |
+//! | send/recv, out of place | each sender: what it sends | none |
+//!
+//! All-to-all and send/recv in any other layout already stage through scratch and come back
+//! unchanged. A later zero-copy path, where the caller's buffers are registered with the
+//! communicator and exported to the peers, does not need this rewrite and skips all of these
+//! copies.
 //!
 //! ```
 //! use ringccl::internals::schedule::{all_reduce, peer_private_access, through_scratch, Layout};
@@ -119,39 +144,73 @@ pub fn through_scratch(s: &Schedule) -> Result<Schedule, ScheduleError> {
     let Some(shadows) = Shadows::of(s)? else {
         return Ok(s.clone());
     };
-    let pieces: Vec<Step> = s.steps.iter().flat_map(|st| shadows.split(st)).collect();
-
-    // Publishes: before a piece, the shadowed elements it reads that nothing accessed earlier.
+    // The steps cut at shadow edges, with the original step each piece comes from.
+    let mut pieces: Vec<(usize, Step)> = Vec::with_capacity(s.steps.len());
+    for (j, st) in s.steps.iter().enumerate() {
+        pieces.extend(shadows.split(st).into_iter().map(|p| (j, p)));
+    }
+    let mut last_piece = vec![0; s.steps.len()];
+    let mut first_piece = vec![usize::MAX; s.steps.len()];
+    for (i, &(j, _)) in pieces.iter().enumerate() {
+        last_piece[j] = i;
+        first_piece[j] = first_piece[j].min(i);
+    }
+    let order = Order::of(s);
+    // Where the copies go: at the start, before or after a piece, at the end.
+    let mut head = Vec::new();
     let mut before: Vec<Vec<Step>> = vec![Vec::new(); pieces.len()];
+    let mut after: Vec<Vec<Step>> = vec![Vec::new(); pieces.len()];
+    let mut tail = Vec::new();
+
+    // Publishes: the shadowed elements a piece reads that nothing accessed earlier, on the
+    // owner's stream right after the owner's latest step that every step accessing them
+    // already waits for (so no access waits for more of the owner than before).
+    let mut waited: HashMap<(usize, BufId), MinMap> = HashMap::new();
+    for (j, st) in &pieces {
+        for r in st.srcs.iter().chain(&st.dsts) {
+            if shadows.map(r).is_some() {
+                let m = waited.entry((r.rank, r.buf)).or_default();
+                m.record(r.offset, r.end(), order.clock[*j][r.rank]);
+            }
+        }
+    }
     let mut seen: HashMap<(usize, BufId), Intervals> = HashMap::new();
-    for (i, st) in pieces.iter().enumerate() {
-        for (r, read) in st
-            .srcs
-            .iter()
-            .map(|r| (r, true))
-            .chain(st.dsts.iter().map(|r| (r, false)))
-        {
+    for (_, st) in &pieces {
+        let reads = st.srcs.iter().map(|r| (r, true));
+        for (r, read) in reads.chain(st.dsts.iter().map(|r| (r, false))) {
             let Some(sh) = shadows.map(r) else { continue };
             let done = seen.entry((r.rank, r.buf)).or_default();
             if read {
                 for (a, b) in done.gaps(r.offset, r.end()) {
-                    let (real, shadow) = (sub(r, a, b), sub_at(&sh, r, a, b));
-                    before[i].push(Step::copy(r.rank, real, shadow));
+                    // 1 + the owner's latest step that every access already waits for.
+                    let owner = waited.get(&(r.rank, r.buf)).and_then(|m| m.min(a, b));
+                    let slot = match owner.and_then(|h| h.checked_sub(1)) {
+                        Some(h) => &mut after[last_piece[h]],
+                        None => &mut head,
+                    };
+                    slot.push(Step::copy(r.rank, sub(r, a, b), sub_at(&sh, r, a, b)));
                 }
             }
             done.insert(r.offset, r.end());
         }
     }
-    // Collects: after a piece, the shadowed elements it writes that nothing writes later.
-    let mut after: Vec<Vec<Step>> = vec![Vec::new(); pieces.len()];
+    // Collects: the shadowed elements a piece writes that nothing writes later, on the owner's
+    // stream right before the owner's first step that waits for the writer anyway.
     let mut later: HashMap<(usize, BufId), Intervals> = HashMap::new();
-    for (i, st) in pieces.iter().enumerate().rev() {
+    for (i, (j, st)) in pieces.iter().enumerate().rev() {
         for r in &st.dsts {
             let Some(sh) = shadows.map(r) else { continue };
             let done = later.entry((r.rank, r.buf)).or_default();
+            let slot = if st.exec == r.rank {
+                &mut after[i]
+            } else {
+                match order.first_after(*j, st.exec, r.rank) {
+                    Some(k) => &mut before[first_piece[k]],
+                    None => &mut tail,
+                }
+            };
             for (a, b) in done.gaps(r.offset, r.end()) {
-                let (real, shadow) = (sub(r, a, b), sub_at(&sh, r, a, b));
-                after[i].push(Step::copy(r.rank, shadow, real));
+                slot.push(Step::copy(r.rank, sub_at(&sh, r, a, b), sub(r, a, b)));
             }
             done.insert(r.offset, r.end());
         }
@@ -159,7 +218,8 @@ pub fn through_scratch(s: &Schedule) -> Result<Schedule, ScheduleError> {
 
     let mut out = Schedule::new(s.nranks);
     out.scratch_len = shadows.scratch_len;
-    for ((mut st, pre), post) in pieces.into_iter().zip(before).zip(after) {
+    out.steps.extend(head);
+    for (((_, mut st), pre), post) in pieces.into_iter().zip(before).zip(after) {
         out.steps.extend(pre);
         for r in st.srcs.iter_mut().chain(st.dsts.iter_mut()) {
             if let Some(sh) = shadows.map(r) {
@@ -169,10 +229,57 @@ pub fn through_scratch(s: &Schedule) -> Result<Schedule, ScheduleError> {
         out.steps.push(st);
         out.steps.extend(post);
     }
+    out.steps.extend(tail);
     // The regions are canonical already: finishing out of place only derives the waits.
     let out = out.finish(Layout::OutOfPlace);
     out.validate()?;
     Ok(out)
+}
+
+/// What the original schedule orders: for each step, the latest step of every rank that
+/// completes before it starts (its stream predecessors and, transitively, its `deps`).
+struct Order {
+    /// `clock[j][q]` = 1 + the latest step of rank `q` complete when step `j` starts (0: none).
+    clock: Vec<Vec<usize>>,
+    /// Each rank's steps, in stream order.
+    stream: Vec<Vec<usize>>,
+}
+
+impl Order {
+    /// The order of the validated schedule `s`.
+    fn of(s: &Schedule) -> Order {
+        let n = s.nranks;
+        let mut clock: Vec<Vec<usize>> = Vec::with_capacity(s.steps.len());
+        let mut stream: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (j, st) in s.steps.iter().enumerate() {
+            let mut c = match stream[st.exec].last() {
+                Some(&prev) => {
+                    let mut c = clock[prev].clone();
+                    c[st.exec] = prev + 1;
+                    c
+                }
+                None => vec![0; n],
+            };
+            for &d in &st.deps {
+                for (x, &y) in c.iter_mut().zip(&clock[d]) {
+                    *x = (*x).max(y);
+                }
+                let e = s.steps[d].exec;
+                c[e] = c[e].max(d + 1);
+            }
+            clock.push(c);
+            stream[st.exec].push(j);
+        }
+        Order { clock, stream }
+    }
+
+    /// The first step of rank `q` that starts after step `j`, run by rank `p`, completes.
+    fn first_after(&self, j: usize, p: usize, q: usize) -> Option<usize> {
+        let steps = &self.stream[q];
+        // Along a stream, indices and clocks only grow: the predicate is false, then true.
+        let at = steps.partition_point(|&k| k <= j || self.clock[k][p] <= j);
+        steps.get(at).copied()
+    }
 }
 
 /// `[a, b)` of region `r` (same rank and buffer).
@@ -336,6 +443,57 @@ impl Intervals {
             out.push((cursor, b));
         }
         out
+    }
+}
+
+/// For each element range, the smallest value recorded over it: start → (end, value).
+#[derive(Default, Debug)]
+struct MinMap {
+    m: BTreeMap<usize, (usize, usize)>,
+}
+
+impl MinMap {
+    fn split(&mut self, at: usize) {
+        if let Some((_, v)) = self.m.range_mut(..at).next_back() {
+            if v.0 > at {
+                let tail = *v;
+                v.0 = at;
+                self.m.insert(at, tail);
+            }
+        }
+    }
+
+    /// Records `x` over `[a, b)`.
+    fn record(&mut self, a: usize, b: usize, x: usize) {
+        if a >= b {
+            return;
+        }
+        self.split(a);
+        self.split(b);
+        let inside: Vec<(usize, usize)> = self.m.range(a..b).map(|(&k, &(e, _))| (k, e)).collect();
+        let mut cursor = a;
+        for (k, e) in inside {
+            if k > cursor {
+                self.m.insert(cursor, (k, x));
+            }
+            if let Some(v) = self.m.get_mut(&k) {
+                v.1 = v.1.min(x);
+            }
+            cursor = e;
+        }
+        if cursor < b {
+            self.m.insert(cursor, (b, x));
+        }
+    }
+
+    /// The smallest value recorded over any element of `[a, b)`.
+    fn min(&self, a: usize, b: usize) -> Option<usize> {
+        let from = self.m.range(..=a).next_back().map_or(a, |(&k, _)| k);
+        self.m
+            .range(from..b)
+            .filter(|(_, &(e, _))| e > a)
+            .map(|(_, &(_, x))| x)
+            .min()
     }
 }
 

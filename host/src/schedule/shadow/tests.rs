@@ -127,8 +127,8 @@ fn shadows_go_after_scratch_the_steps_use() {
     s.scratch_len = 3; // less than the steps use: shadows must not overlap element 6..10
     let t = through_scratch(&s).unwrap();
     assert_eq!(t.scratch_len, 12);
-    assert_eq!(t.steps[1].srcs[0], r(0, Recv, 0, 2));
-    assert_eq!(t.steps[1].dsts[0], r(0, Scratch, 10, 2));
+    let publish = t.steps.iter().find(|st| st.srcs[0] == r(0, Recv, 0, 2)).unwrap();
+    assert_eq!(publish.dsts[0], r(0, Scratch, 10, 2));
 }
 
 #[test]
@@ -184,4 +184,117 @@ fn malformed_schedules_are_errors() {
             ..
         })
     ));
+}
+
+#[test]
+fn min_map_keeps_the_smallest_value_per_element() {
+    let mut m = MinMap::default();
+    m.record(0, 10, 5);
+    m.record(5, 15, 3);
+    m.record(20, 30, 1);
+    m.record(2, 4, 9);
+    assert_eq!(m.min(0, 5), Some(5));
+    assert_eq!(m.min(4, 6), Some(3));
+    assert_eq!(m.min(12, 25), Some(1));
+    assert_eq!(m.min(15, 20), None);
+    assert_eq!(m.min(2, 3), Some(5));
+}
+
+/// The rewrite of `s` makes no original step wait (transitively) for a step of another rank it
+/// did not wait for before: only the publishes and collects themselves are added.
+fn assert_adds_no_waits(s: &Schedule) {
+    let t = through_scratch(s).unwrap();
+    let Some(shadows) = Shadows::of(s).unwrap() else {
+        assert_eq!(&t, s);
+        return;
+    };
+    let pieces: Vec<usize> = s
+        .steps
+        .iter()
+        .enumerate()
+        .flat_map(|(j, st)| shadows.split(st).into_iter().map(move |_| j))
+        .collect();
+    let mut next = 0;
+    let orig: Vec<Option<usize>> = t
+        .steps
+        .iter()
+        .map(|st| {
+            let (a, b) = (st.srcs[0], st.dsts[0]);
+            let local = st.srcs.len() == 1 && a.rank == st.exec && b.rank == st.exec;
+            if local && (shadows.map(&a) == Some(b) || shadows.map(&b) == Some(a)) {
+                return None;
+            }
+            next += 1;
+            Some(pieces[next - 1])
+        })
+        .collect();
+    assert_eq!(next, pieces.len(), "every piece kept, in order");
+    let (ct, cs) = (Order::of(&t).clock, Order::of(s).clock);
+    for (y, b) in orig.iter().enumerate() {
+        let Some(b) = *b else { continue };
+        for (x, a) in orig[..y].iter().enumerate() {
+            let Some(a) = *a else { continue };
+            if a != b && ct[y][t.steps[x].exec] > x {
+                assert!(
+                    cs[b][s.steps[a].exec] > a,
+                    "step {b} now waits for step {a}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_rewrite_adds_no_waits_between_original_steps() {
+    use crate::schedule::{
+        all_gather, broadcast, gather, reduce, reduce_scatter, scatter, send_recv, P2p,
+    };
+    let oop = Layout::OutOfPlace;
+    let in0 = Layout::SendInRecv { stride: 0 };
+    for n in [2, 3, 4] {
+        let ring: Vec<usize> = (0..n).rev().collect();
+        for chunk in [2, 5] {
+            let c = 11;
+            for s in [
+                all_reduce(&ring, c, oop, chunk),
+                all_reduce(&ring, c, in0, chunk),
+                reduce_scatter(&ring, c, oop, chunk),
+                reduce_scatter(&ring, c, Layout::RecvInSend { stride: c }, chunk),
+                all_gather(&ring, c, oop, chunk),
+                all_gather(&ring, c, Layout::SendInRecv { stride: c }, chunk),
+                broadcast(&ring, c, 1, oop, chunk),
+                broadcast(&ring, c, 1, in0, chunk),
+                reduce(&ring, c, 0, oop, chunk),
+                all_to_all(&ring, c, oop, chunk),
+                gather(&ring, c, 1, oop, chunk),
+                scatter(&ring, c, 0, oop, chunk),
+            ] {
+                assert_adds_no_waits(&s);
+            }
+            let pairs: Vec<P2p> = (0..n)
+                .map(|r| P2p {
+                    from: r,
+                    to: (r + 1) % n,
+                    count: c + r,
+                })
+                .collect();
+            assert_adds_no_waits(&send_recv(&ring, &pairs, oop, chunk));
+        }
+    }
+}
+
+#[test]
+fn two_rank_all_reduce_ranks_still_reduce_side_by_side() {
+    // Originally the two ranks' reduce steps wait for nothing; after the rewrite they wait
+    // for their peer's publishes only, which come first on the peer's stream.
+    let s = all_reduce(&[0, 1], 64, Layout::OutOfPlace, 8);
+    let t = through_scratch(&s).unwrap();
+    for st in t.steps.iter().filter(|st| st.srcs.len() == 2) {
+        for &d in &st.deps {
+            let pubs_before = t.steps[..d]
+                .iter()
+                .all(|p| p.exec != t.steps[d].exec || p.srcs.len() == 1);
+            assert!(pubs_before, "a reduce waits behind its peer's reduces");
+        }
+    }
 }

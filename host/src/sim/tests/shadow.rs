@@ -109,7 +109,8 @@ fn sweep(coll: Coll) {
                     case += 1;
                     let op = RedOp::ALL[case as usize % 5];
                     let root = if rooted(coll) { case as usize % n } else { 0 };
-                    check_rewrite::<u32>(coll, &ring, count, root, in_place, chunk, op, &[case]);
+                    let seeds = [case, case + 1000];
+                    check_rewrite::<u32>(coll, &ring, count, root, in_place, chunk, op, &seeds);
                 }
             }
         }
