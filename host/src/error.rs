@@ -81,6 +81,18 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The bootstrap of ranks in several processes (the rendezvous that
+    /// [`UniqueId`](crate::UniqueId) names, the TCP connections between the ranks, or an
+    /// exchange over them) failed. Every rank waiting on the same world gets one within its
+    /// timeout.
+    Bootstrap {
+        /// The rank that reports it (`None`: before a rank is known, e.g. a malformed id).
+        rank: Option<usize>,
+        /// What kind of failure.
+        failure: BootstrapFailure,
+        /// What was seen: addresses, ranks, the peer's own message.
+        detail: String,
+    },
     /// A bug in ringccl: an internal consistency check failed. Please report it with the
     /// message.
     Internal {
@@ -120,6 +132,17 @@ impl fmt::Display for Error {
                 f,
                 "{variable}={value:?} is not understood: {reason}; fix or unset it"
             ),
+            Error::Bootstrap {
+                rank,
+                failure,
+                detail,
+            } => {
+                match rank {
+                    Some(r) => write!(f, "bootstrap failed on rank {r} ({failure}): ")?,
+                    None => write!(f, "bootstrap failed ({failure}): ")?,
+                }
+                write!(f, "{detail}; {}", failure.advice())
+            }
             Error::Internal { reason } => write!(
                 f,
                 "internal error in ringccl: {reason}; please report this message"
@@ -129,6 +152,98 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// What went wrong in a bootstrap ([`Error::Bootstrap`]).
+///
+/// ```
+/// use ringccl::{BootstrapFailure, Error};
+/// let e = Error::Bootstrap {
+///     rank: Some(3),
+///     failure: BootstrapFailure::DuplicateRank,
+///     detail: "rank 3 joined twice".into(),
+/// };
+/// assert!(e.to_string().contains("distinct rank"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BootstrapFailure {
+    /// Not every rank arrived (or answered) within the timeout.
+    Timeout,
+    /// A hello carried another world's key: a process of another job, or an id that is not
+    /// this world's.
+    WrongKey,
+    /// A hello or an id of another ringccl protocol version.
+    WrongVersion,
+    /// Ranks disagree on the number of ranks.
+    NranksMismatch,
+    /// Two processes claimed the same rank.
+    DuplicateRank,
+    /// A rank outside `0..nranks`.
+    RankOutOfRange,
+    /// A rank (or the root) closed its connection before the bootstrap finished: its process
+    /// exited or failed.
+    PeerLost,
+    /// A socket could not be opened, bound or connected (address, interface, firewall).
+    Network,
+    /// The bytes or text given as a [`UniqueId`](crate::UniqueId) are not one.
+    InvalidId,
+    /// A peer sent something that is not ringccl's bootstrap protocol, or the ranks called
+    /// bootstrap operations in different orders.
+    Protocol,
+}
+
+impl BootstrapFailure {
+    /// What to do about it (the end of [`Error::Bootstrap`]'s message).
+    fn advice(self) -> &'static str {
+        match self {
+            BootstrapFailure::Timeout => {
+                "every rank must join with the same id within the timeout: check that every process started, that all can reach the root's address, or raise the timeout"
+            }
+            BootstrapFailure::WrongKey => {
+                "pass every rank the same UniqueId (another job's process, or an id of another world, reached this one)"
+            }
+            BootstrapFailure::WrongVersion => "run the same ringccl version in every process",
+            BootstrapFailure::NranksMismatch => {
+                "every rank must pass the same number of ranks (WORLD_SIZE)"
+            }
+            BootstrapFailure::DuplicateRank => {
+                "give every process a distinct rank in 0..nranks (RANK)"
+            }
+            BootstrapFailure::RankOutOfRange => {
+                "ranks are 0..nranks-1: check RANK and WORLD_SIZE"
+            }
+            BootstrapFailure::PeerLost => {
+                "a process of the job exited or lost its connection: look at that rank's own error or exit status, then restart the job"
+            }
+            BootstrapFailure::Network => {
+                "check the address and port (RINGCCL_COMM_ID, MASTER_ADDR, MASTER_PORT), the network interface and firewalls"
+            }
+            BootstrapFailure::InvalidId => {
+                "pass the 128 bytes or the text of an id made by UniqueId::new unchanged"
+            }
+            BootstrapFailure::Protocol => {
+                "check that the address is this job's rendezvous and that every rank makes the same bootstrap calls in the same order"
+            }
+        }
+    }
+}
+
+impl fmt::Display for BootstrapFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BootstrapFailure::Timeout => "timeout",
+            BootstrapFailure::WrongKey => "wrong key",
+            BootstrapFailure::WrongVersion => "wrong version",
+            BootstrapFailure::NranksMismatch => "rank counts differ",
+            BootstrapFailure::DuplicateRank => "duplicate rank",
+            BootstrapFailure::RankOutOfRange => "rank out of range",
+            BootstrapFailure::PeerLost => "peer lost",
+            BootstrapFailure::Network => "network",
+            BootstrapFailure::InvalidId => "invalid id",
+            BootstrapFailure::Protocol => "protocol",
+        })
+    }
+}
 
 /// ringccl's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

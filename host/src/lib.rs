@@ -58,6 +58,8 @@ macro_rules! internal_modules {
 internal_modules! {
     /// The public calls: validate, plan, enqueue.
     api;
+    /// The host-side bootstrap of ranks in several processes (rendezvous over TCP).
+    bootstrap;
     /// The communicator: ranks, resources, transport, ring, config.
     comm;
     /// Executors: ring (events) and one-shot (device barrier).
@@ -94,6 +96,7 @@ pub mod internals {
 }
 
 pub use api::{DeviceSlice, DeviceSliceMut, Io, RawBuf, SendRecv};
+pub use bootstrap::{BootstrapFailure, UniqueId};
 pub use comm::Communicator;
 pub use config::{Algorithm, Config, DebugLevel};
 pub use driver::device_count;

@@ -50,6 +50,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("driver", &["dtype", "error"]),
     ("plan", &["config", "dtype", "error", "kind", "schedule"]),
+    ("bootstrap", &["error"]),
     ("sim", &["schedule"]),
     ("schedule", &[]),
     ("debug", &["config"]),
@@ -62,7 +63,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// What a `crate::Name` re-exported at the crate root stands for.
 fn root_item(name: &str) -> &str {
     match name {
-        "Error" | "Result" | "Arg" => "error",
+        "Error" | "Result" | "Arg" | "BootstrapFailure" => "error",
+        "UniqueId" => "bootstrap",
         "DataType" | "DeviceElement" => "dtype",
         "CollectiveKind" | "UnknownCollective" => "kind",
         "Communicator" => "comm",
