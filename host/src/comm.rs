@@ -17,11 +17,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaContext, CudaStream};
 
+use crate::bootstrap::{Bootstrap, LaunchEnv, UniqueId};
 use crate::config::Config;
 use crate::debug::report;
 use crate::driver;
-use crate::plan::{topology, PlanCache};
-use crate::resources::{Call, RankResources, RankState};
+use crate::driver::ipc::MemOps;
+use crate::plan::{topology, PlanCache, ProcessPlan};
+use crate::resources::{Call, ProcessState, RankResources, RankState};
+use crate::transport::ipc::{Exchange, Windows};
 use crate::transport::Transport;
 use crate::{Error, Result};
 
@@ -37,7 +40,10 @@ use crate::{Error, Result};
 /// # Ok::<(), ringccl::Error>(())
 /// ```
 pub struct Communicator {
+    /// The resources of the ranks this communicator holds (`local`).
     ranks: Vec<RankResources>,
+    /// The ranks held here: all of them, or this process's one.
+    local: Vec<usize>,
     /// Each rank's own stream (also in `ranks`), as one slice for [`Communicator::streams`].
     streams: Vec<Arc<CudaStream>>,
     transport: Transport,
@@ -49,6 +55,37 @@ pub struct Communicator {
     /// Set when a one-shot call failed after some ranks' kernels were launched: their device
     /// epochs may disagree from then on, so this communicator uses the ring for good.
     oneshot_broken: AtomicBool,
+    /// For a rank of a job of processes: the rest of the job as this rank sees it.
+    process: Option<ProcessRank>,
+}
+
+/// A rank of a job of processes: its bootstrap connections, the other ranks' communication
+/// buffers as this process reaches them, the signal counters, and the plans for processes.
+pub(crate) struct ProcessRank {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the job.
+    pub nranks: usize,
+    /// The bootstrap connections (buffer exchanges).
+    pub boot: Bootstrap,
+    /// The stream memory operations.
+    pub memops: MemOps,
+    state: Mutex<ProcessState>,
+    /// Plans by call shape.
+    pub plans: PlanCache<ProcessPlan>,
+}
+
+impl ProcessRank {
+    /// The per-call state, locked for one call's issue.
+    pub fn lock(&self) -> MutexGuard<'_, ProcessState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Exchange for Bootstrap {
+    fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        Bootstrap::all_gather(self, mine)
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -157,6 +194,7 @@ impl Communicator {
         };
         let comm = Communicator {
             streams: ranks.iter().map(|r| r.stream.clone()).collect(),
+            local: (0..n).collect(),
             ranks,
             transport,
             ring,
@@ -164,9 +202,102 @@ impl Communicator {
             state: Mutex::new(state),
             plans: PlanCache::default(),
             oneshot_broken: AtomicBool::new(false),
+            process: None,
         };
         comm.report_setup(how);
         Ok(comm)
+    }
+
+    /// Rank `rank` of a job of `nranks` processes (or threads), on device `device`: like
+    /// `ncclCommInitRank`. Every rank calls it with the same `id` (made once by
+    /// [`UniqueId::new`] and handed to the others by any means) and returns once every rank
+    /// has joined. Configured from the environment ([`Config::from_env`]).
+    ///
+    /// Errors: [`Error::Bootstrap`] when the ranks cannot join (a rank missing after
+    /// `RINGCCL_BOOTSTRAP_TIMEOUT`, a duplicate or out-of-range rank, another job's id, …),
+    /// [`Error::BadDevice`], [`Error::Kernel`], [`Error::Cuda`] as for [`Communicator::new`].
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, UniqueId};
+    /// // In rank 0's process; the id's text goes to the others (a file, an environment variable…).
+    /// let id = UniqueId::new()?;
+    /// let comm = Communicator::init_rank(2, &id, 0, 0)?;
+    /// assert_eq!((comm.nranks(), comm.local_ranks()), (2, &[0][..]));
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, device: usize) -> Result<Self> {
+        Self::init_rank_with_config(nranks, id, rank, device, Config::from_env()?)
+    }
+
+    /// [`Communicator::init_rank`] with an explicit configuration.
+    pub fn init_rank_with_config(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        device: usize,
+        config: Config,
+    ) -> Result<Self> {
+        driver::ensure_driver()?;
+        validate_ordinals(&[device], driver::device_count()?)?;
+        if rank >= nranks {
+            return Err(Error::invalid(
+                Some(rank),
+                crate::Arg::Ranks,
+                format!("rank {rank} is out of range for {nranks} ranks"),
+            ));
+        }
+        config.check(nranks)?;
+        let boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
+        let res = RankResources::new(rank, device, &config)?;
+        let windows = Windows::connect(&res.ctx, rank, nranks, &boot)?;
+        let state = ProcessState::new(&res.ctx, rank, nranks, windows)?;
+        let memops = MemOps::load()?;
+        let ctxs = [res.ctx.clone()];
+        let transport = Transport::connect(&ctxs, true, config.debug)?;
+        let call_state = vec![RankState::new(&res.ctx, rank)?];
+        let comm = Communicator {
+            streams: vec![res.stream.clone()],
+            local: vec![rank],
+            ranks: vec![res],
+            transport,
+            ring: config.ring.clone().unwrap_or_else(|| (0..nranks).collect()),
+            config,
+            state: Mutex::new(call_state),
+            plans: PlanCache::default(),
+            oneshot_broken: AtomicBool::new(false),
+            process: Some(ProcessRank {
+                rank,
+                nranks,
+                boot,
+                memops,
+                state: Mutex::new(state),
+                plans: PlanCache::default(),
+            }),
+        };
+        comm.report_setup("device order");
+        Ok(comm)
+    }
+
+    /// This process's rank of a job started by a launcher (`ringccl-run`, torchrun, or anything
+    /// that sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`; see
+    /// [`LaunchEnv`]): rank `RANK` of `WORLD_SIZE` on device `LOCAL_RANK`.
+    ///
+    /// ```no_run
+    /// // Started with `ringccl-run -n 2 my-program`:
+    /// let comm = ringccl::Communicator::from_env()?;
+    /// println!("rank {:?} of {}", comm.local_ranks(), comm.nranks());
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn from_env() -> Result<Self> {
+        let env = LaunchEnv::from_env()?.ok_or_else(|| Error::Config {
+            variable: "RANK".into(),
+            value: String::new(),
+            reason: "RANK and WORLD_SIZE are not set: start the program with a launcher \
+                     (ringccl-run -n N, torchrun), or use Communicator::all() for one process"
+                .into(),
+        })?;
+        let id = env.unique_id()?;
+        Self::init_rank(env.world_size, &id, env.rank, env.local_rank)
     }
 
     /// A communicator over every visible device (rank `i` = device `i`), configured from the
@@ -192,11 +323,13 @@ impl Communicator {
         let devices: Vec<String> = self
             .ranks
             .iter()
-            .enumerate()
-            .map(|(r, x)| format!("rank {r} = device {} ({})", x.ordinal, x.name))
+            .zip(&self.local)
+            .map(|(x, r)| format!("rank {r} = device {} ({})", x.ordinal, x.name))
             .collect();
         report!(debug, Info, "communicator of {} ranks: {}", self.nranks(), devices.join(", "));
-        let peer = if self.transport.all_direct() {
+        let peer = if self.process.is_some() {
+            "other ranks in other processes (CUDA IPC, signals in device memory)".to_string()
+        } else if self.transport.all_direct() {
             "peer access between every pair".to_string()
         } else {
             format!("{:?}", self.transport)
@@ -212,13 +345,42 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn nranks(&self) -> usize {
-        self.ranks.len()
+        self.process.as_ref().map_or(self.ranks.len(), |p| p.nranks)
+    }
+
+    /// The ranks this communicator holds, in the order its calls take their arguments: every
+    /// rank for a communicator of one process ([`Communicator::new`], [`Communicator::all`]),
+    /// its own rank for one of a job of processes ([`Communicator::init_rank`]).
+    ///
+    /// ```no_run
+    /// let comm = ringccl::Communicator::all()?;
+    /// assert_eq!(comm.local_ranks().len(), comm.nranks());
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn local_ranks(&self) -> &[usize] {
+        &self.local
+    }
+
+    /// The index among this communicator's own ranks of `rank`.
+    ///
+    /// # Panics
+    /// If this communicator does not hold `rank` (like slice indexing).
+    fn held(&self, rank: usize) -> usize {
+        match &self.process {
+            None => rank,
+            Some(p) if p.rank == rank => 0,
+            Some(p) => panic!(
+                "rank {rank} is not held by this communicator (it holds rank {} of {})",
+                p.rank, p.nranks
+            ),
+        }
     }
 
     /// The device ordinal of `rank`.
     ///
     /// # Panics
-    /// If `rank >= self.nranks()`, like slice indexing.
+    /// If this communicator does not hold `rank` ([`Communicator::local_ranks`]), like slice
+    /// indexing.
     ///
     /// ```no_run
     /// let comm = ringccl::Communicator::new(&[1, 0])?;
@@ -226,14 +388,14 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn ordinal(&self, rank: usize) -> usize {
-        self.ranks[rank].ordinal
+        self.ranks[self.held(rank)].ordinal
     }
 
     /// The context of `rank`'s device (its primary context): allocate buffers for `rank` with
     /// a stream of this context.
     ///
     /// # Panics
-    /// If `rank >= self.nranks()`.
+    /// If this communicator does not hold `rank` ([`Communicator::local_ranks`]).
     ///
     /// ```no_run
     /// # let comm = ringccl::Communicator::all()?;
@@ -242,14 +404,14 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn context(&self, rank: usize) -> &Arc<CudaContext> {
-        &self.ranks[rank].ctx
+        &self.ranks[self.held(rank)].ctx
     }
 
     /// A non-blocking stream of `rank` that the communicator created, for callers that do not
     /// bring their own.
     ///
     /// # Panics
-    /// If `rank >= self.nranks()`.
+    /// If this communicator does not hold `rank` ([`Communicator::local_ranks`]).
     ///
     /// ```no_run
     /// # let comm = ringccl::Communicator::all()?;
@@ -257,13 +419,13 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn stream(&self, rank: usize) -> &Arc<CudaStream> {
-        &self.streams[rank]
+        &self.streams[self.held(rank)]
     }
 
     /// The device name of `rank` (e.g. `"NVIDIA H200"`).
     ///
     /// # Panics
-    /// If `rank >= self.nranks()`.
+    /// If this communicator does not hold `rank` ([`Communicator::local_ranks`]).
     ///
     /// ```no_run
     /// # let comm = ringccl::Communicator::all()?;
@@ -271,7 +433,7 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn device_name(&self, rank: usize) -> &str {
-        &self.ranks[rank].name
+        &self.ranks[self.held(rank)].name
     }
 
     /// Whether `rank`'s kernels read and write `peer`'s memory directly (always true for
@@ -285,7 +447,11 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn peer_access(&self, rank: usize, peer: usize) -> bool {
-        self.transport.direct(rank, peer)
+        match &self.process {
+            // Ranks of other processes reach each other's communication buffers (CUDA IPC).
+            Some(p) => rank < p.nranks && peer < p.nranks,
+            None => self.transport.direct(rank, peer),
+        }
     }
 
     /// The ring order of the ring collectives (all but send/recv and the one-shot all-reduce):
@@ -317,13 +483,19 @@ impl Communicator {
     /// ```
     pub fn synchronize(&self) -> Result<()> {
         let state = self.lock_state();
-        for (r, (rank, st)) in self.ranks.iter().zip(state.iter()).enumerate() {
+        for ((rank, st), &r) in self.ranks.iter().zip(state.iter()).zip(&self.local) {
             st.end
                 .synchronize()
                 .map_err(|e| Error::cuda("cuEventSynchronize", Some(r), e))?;
             rank.stream
                 .synchronize()
                 .map_err(|e| Error::cuda("cuStreamSynchronize", Some(r), e))?;
+        }
+        if let Some(p) = &self.process {
+            p.lock()
+                .end
+                .synchronize()
+                .map_err(|e| Error::cuda("cuEventSynchronize", Some(p.rank), e))?;
         }
         Ok(())
     }
@@ -359,7 +531,19 @@ impl Communicator {
     /// Whether the one-shot all-reduce may be used: peer access everywhere and no earlier
     /// one-shot call failed half-launched.
     pub(crate) fn oneshot_usable(&self) -> bool {
-        self.transport.all_direct() && !self.oneshot_broken.load(Ordering::Acquire)
+        self.process.is_none()
+            && self.transport.all_direct()
+            && !self.oneshot_broken.load(Ordering::Acquire)
+    }
+
+    /// The resources of `rank` (held here).
+    pub(crate) fn resources(&self, rank: usize) -> &RankResources {
+        &self.ranks[self.held(rank)]
+    }
+
+    /// The part of a rank of a job of processes (`None` for a communicator of one process).
+    pub(crate) fn process(&self) -> Option<&ProcessRank> {
+        self.process.as_ref()
     }
 
     /// The cache of prepared schedules.

@@ -11,6 +11,7 @@
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
+//! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -130,9 +131,15 @@ pub struct Config {
     /// reached 314 / 330 / 340 GB/s at 1 GiB on 2 × H200 (132 SMs) with 32 / 64 / 132 blocks
     /// (`docs/perf/README.md`).
     pub peer_duplex_blocks: Option<u32>,
+    /// How long the ranks of a job of processes wait for each other to join (and for each
+    /// exchange of communication buffers) before giving up with an error.
+    pub bootstrap_timeout: std::time::Duration,
     /// What is reported on stderr.
     pub debug: DebugLevel,
 }
+
+/// Default of [`Config::bootstrap_timeout`], in seconds.
+pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
 
 impl Default for Config {
     fn default() -> Self {
@@ -144,13 +151,14 @@ impl Default for Config {
             chunk_bytes: None,
             peer_blocks: DEFAULT_PEER_BLOCKS,
             peer_duplex_blocks: None,
+            bootstrap_timeout: std::time::Duration::from_secs(DEFAULT_BOOTSTRAP_TIMEOUT_S),
             debug: DebugLevel::Off,
         }
     }
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 8] = [
+pub const ENV_VARS: [&str; 9] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -159,6 +167,7 @@ pub const ENV_VARS: [&str; 8] = [
     "RINGCCL_PEER_BLOCKS",
     "RINGCCL_PEER_DUPLEX_BLOCKS",
     "RINGCCL_DEBUG",
+    "RINGCCL_BOOTSTRAP_TIMEOUT",
 ];
 
 impl Config {
@@ -218,7 +227,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug] = ENV_VARS;
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot] = ENV_VARS;
         if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
             c.p2p_disable = v;
         }
@@ -234,6 +243,9 @@ impl Config {
         c.peer_duplex_blocks = parse(duplex, get(duplex)?, parse_blocks)?;
         if let Some(v) = parse(debug, get(debug)?, str::parse)? {
             c.debug = v;
+        }
+        if let Some(v) = parse(boot, get(boot)?, parse_seconds)? {
+            c.bootstrap_timeout = v;
         }
         Ok(c)
     }
@@ -327,6 +339,14 @@ fn parse_bytes(s: &str, zero_ok: bool) -> std::result::Result<usize, String> {
     Ok(v)
 }
 
+/// Seconds (a positive number, fractions allowed).
+fn parse_seconds(s: &str) -> std::result::Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err("expected a positive number of seconds".into()),
+    }
+}
+
 fn parse_blocks(s: &str) -> std::result::Result<u32, String> {
     match s.parse::<u32>() {
         Ok(v) if v > 0 => Ok(v),
@@ -372,6 +392,7 @@ mod tests {
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
             ("RINGCCL_DEBUG", "trace"),
+            ("RINGCCL_BOOTSTRAP_TIMEOUT", "2.5"),
         ])
         .unwrap();
         assert!(c.p2p_disable);
@@ -381,6 +402,7 @@ mod tests {
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));
         assert_eq!(c.debug, DebugLevel::Trace);
+        assert_eq!(c.bootstrap_timeout, std::time::Duration::from_millis(2500));
         assert_eq!(
             from(&[("RINGCCL_ONESHOT_MAX_BYTES", "0")])
                 .unwrap()
@@ -402,6 +424,8 @@ mod tests {
             ("RINGCCL_PEER_BLOCKS", "0"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "lots"),
             ("RINGCCL_DEBUG", "verbose"),
+            ("RINGCCL_BOOTSTRAP_TIMEOUT", "0"),
+            ("RINGCCL_BOOTSTRAP_TIMEOUT", "soon"),
         ] {
             assert_eq!(err_var(from(&[(name, value)])), name, "{name}={value}");
         }

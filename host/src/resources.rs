@@ -18,6 +18,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream,
 use crate::config::Config;
 use crate::driver::Kernels;
 use crate::plan::tuning::BlockCaps;
+use crate::transport::ipc::Windows;
 use crate::transport::Transport;
 use crate::{Error, Result};
 
@@ -302,6 +303,37 @@ impl<'a> Call<'a> {
             .get(rank)
             .map(|st| &st.end)
             .ok_or_else(|| no_rank(rank))
+    }
+}
+
+/// What changes from call to call for a rank whose peers are other processes.
+#[derive(Debug)]
+pub struct ProcessState {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's scratch and flag area, as this process reaches them.
+    pub windows: Windows,
+    /// The end of this rank's previous call.
+    pub end: CudaEvent,
+    /// Signals this rank has sent to each rank, over all earlier calls.
+    pub sent: Vec<u64>,
+    /// Signals each rank has sent to this rank, over all earlier calls.
+    pub received: Vec<u64>,
+    /// A call failed after some signals were enqueued: the ranks' counters disagree.
+    pub broken: bool,
+}
+
+impl ProcessState {
+    /// The state of rank `rank` of `nranks` with its windows, before its first call.
+    pub fn new(ctx: &Arc<CudaContext>, rank: usize, nranks: usize, windows: Windows) -> Result<Self> {
+        Ok(ProcessState {
+            rank,
+            windows,
+            end: new_event(ctx, Some(rank))?,
+            sent: vec![0; nranks],
+            received: vec![0; nranks],
+            broken: false,
+        })
     }
 }
 

@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "comm",
         &[
+            "bootstrap",
             "config",
             "debug",
             "driver",

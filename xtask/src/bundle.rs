@@ -293,8 +293,9 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
         &[
             "build",
             "--release",
-            "-p",
-            "ringccl-benches",
+            "--workspace",
+            "--exclude",
+            "xtask",
             "--bins",
             "--message-format=json-render-diagnostics",
         ],

@@ -31,16 +31,16 @@ pub use send_recv::SendRecv;
 
 use buffer::RankArgs;
 use collective::Collective;
-use validate::validate;
+use validate::{validate, validate_held, Held};
 
 use cudarc::driver::{CudaStream, SyncOnDrop};
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, ProcessRank};
 use crate::config::Algorithm;
 use crate::debug::report;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
-use crate::plan::{tuning, ScheduleKey};
+use crate::plan::{tuning, Prepared, ProcessPlan, ScheduleKey};
 use crate::schedule::Layout;
 use crate::{RedOp, Result};
 
@@ -50,8 +50,9 @@ fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> Vec<usize> {
 }
 
 impl Communicator {
+    /// The devices of the ranks held here, in [`Communicator::local_ranks`] order.
     fn devices(&self) -> Vec<usize> {
-        (0..self.nranks()).map(|r| self.ordinal(r)).collect()
+        self.local_ranks().iter().map(|&r| self.ordinal(r)).collect()
     }
 
     /// Validate, plan and enqueue one collective.
@@ -62,6 +63,9 @@ impl Communicator {
         op: RedOp,
         streams: &[S],
     ) -> Result<()> {
+        if let Some(p) = self.process() {
+            return self.collective_process(p, c, io, op, streams);
+        }
         // 1. Validate.
         let size = T::DTYPE.size();
         let devices = self.devices();
@@ -101,7 +105,9 @@ impl Communicator {
                 };
                 let (p, new) = self
                     .plans()
-                    .get_or_build(key, || c.schedule(self.ring(), checked.layout, chunk))?;
+                    .get_or_build(key, || {
+                        Prepared::new(c.schedule(self.ring(), checked.layout, chunk))
+                    })?;
                 if new {
                     report!(
                         config.debug,
@@ -151,6 +157,132 @@ impl Communicator {
             }
         };
         drop(call);
+        drop(guards);
+        result
+    }
+
+    /// [`Communicator::collective`] for a rank of a job of processes: the same three stages,
+    /// with the schedule rewritten so that ranks reach each other only in their exported
+    /// scratch, and ordered by signals ([`exec::process`]).
+    fn collective_process<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        p: &ProcessRank,
+        c: Collective,
+        io: &mut [Io<'_, T>],
+        op: RedOp,
+        streams: &[S],
+    ) -> Result<()> {
+        // 1. Validate what this process holds.
+        let size = T::DTYPE.size();
+        let devices = self.devices();
+        let args: Vec<RankArgs> = io.iter().map(Io::args).collect();
+        let held = Held {
+            nranks: p.nranks,
+            ranks: self.local_ranks(),
+            devices: &devices,
+        };
+        let checked = validate_held(c, &args, &held, &stream_devices(streams), size)?;
+        if c.count() == 0 {
+            return Ok(());
+        }
+        if exec::capturing(streams)? {
+            return Err(crate::Error::invalid(
+                Some(p.rank),
+                crate::Arg::Stream,
+                "a communicator of processes cannot be captured into a CUDA graph yet: call it \
+                 eagerly",
+            ));
+        }
+        // 2. Plan.
+        let n = p.nranks;
+        let config = self.config();
+        let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
+        let (Some(ptrs), Some(stream)) = (checked.ptrs.first(), streams.first()) else {
+            return Err(crate::Error::Internal {
+                reason: "no arguments for this process's rank".into(),
+            });
+        };
+        let mine = RankPtrs {
+            send: ptrs.send,
+            recv: ptrs.recv,
+        };
+        let me = self.resources(p.rank);
+        if let Collective::AllReduce { count } = c {
+            if tuning::all_reduce_algorithm(max_bytes, n, true, config) == Algorithm::OneShot {
+                report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
+                let guards: Vec<[SyncOnDrop<'_>; 2]> = io
+                    .iter_mut()
+                    .zip(streams)
+                    .zip(&checked.ptrs)
+                    .map(|((io, s), q)| io.track(s.as_ref(), q.reads_send, q.writes_recv))
+                    .collect();
+                let mut state = p.lock();
+                let mut call = exec::process::ProcessCall {
+                    me,
+                    state: &mut state,
+                    memops: &p.memops,
+                };
+                let result =
+                    exec::process::execute_oneshot(&mut call, T::DTYPE, op, mine, count, stream.as_ref());
+                drop(guards);
+                return result;
+            }
+        }
+        let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
+        let key = ScheduleKey {
+            kind: c.kind(),
+            count: c.count(),
+            layout: checked.layout,
+            root: c.root(),
+            chunk,
+        };
+        let (plan, new) = p.plans.get_or_build(key, || {
+            ProcessPlan::new(&c.schedule(self.ring(), checked.layout, chunk))
+        })?;
+        if new {
+            report!(
+                config.debug,
+                Info,
+                "{} {} count {} {:?}: ring {:?} across processes, chunk {chunk} elements, {} steps, {} signals",
+                c.name(),
+                T::DTYPE.name(),
+                c.count(),
+                checked.layout,
+                self.ring(),
+                plan.prepared.schedule.steps.len(),
+                plan.signals.count.iter().sum::<u64>()
+            );
+        }
+        // 3. Enqueue (scratch grows first, collectively, if this shape needs more).
+        let mut state = p.lock();
+        let need = plan.prepared.schedule.scratch_len.saturating_mul(size);
+        if need > state.windows.scratch_bytes() {
+            state
+                .end
+                .synchronize()
+                .map_err(|e| crate::Error::cuda("cuEventSynchronize", Some(p.rank), e))?;
+            state.windows.grow_scratch(need, &p.boot)?;
+        }
+        let guards: Vec<[SyncOnDrop<'_>; 2]> = io
+            .iter_mut()
+            .zip(streams)
+            .zip(&checked.ptrs)
+            .map(|((io, s), q)| io.track(s.as_ref(), q.reads_send, q.writes_recv))
+            .collect();
+        let mut call = exec::process::ProcessCall {
+            me,
+            state: &mut state,
+            memops: &p.memops,
+        };
+        let result = exec::process::execute(
+            &mut call,
+            &plan.prepared,
+            &plan.signals,
+            T::DTYPE,
+            op,
+            mine,
+            stream.as_ref(),
+        );
         drop(guards);
         result
     }

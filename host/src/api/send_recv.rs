@@ -6,7 +6,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use super::buffer::{DeviceSlice, DeviceSliceMut, RawBuf};
 use super::collective::Need;
-use super::validate::{bytes, check_buf, check_common};
+use super::validate::{bytes, check_buf, check_common, Held};
 use super::stream_devices;
 use crate::comm::Communicator;
 use crate::dtype::DeviceElement;
@@ -56,7 +56,13 @@ pub fn validate_send_recv(
     let name = "send_recv";
     let n = devices.len();
     let max = pairs.iter().map(|p| p.count).max();
-    check_common(name, n, devices, streams, Some(max.unwrap_or(0)), elem_size)?;
+    let ranks: Vec<usize> = (0..n).collect();
+    let held = Held {
+        nranks: n,
+        ranks: &ranks,
+        devices,
+    };
+    check_common(name, n, &held, streams, Some(max.unwrap_or(0)), elem_size)?;
     for (i, p) in pairs.iter().enumerate() {
         for (rank, what) in [(p.from, "sender"), (p.to, "receiver")] {
             if rank >= n {

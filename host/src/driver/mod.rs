@@ -19,6 +19,7 @@
 //! # Ok::<(), ringccl::Error>(())
 //! ```
 
+pub mod ipc;
 pub mod launch;
 pub mod module;
 

@@ -23,11 +23,15 @@
 //! Nothing here blocks the host.
 
 pub mod oneshot;
+pub mod process;
 pub mod ring;
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 
+use crate::driver::launch::Prim;
+use crate::plan::tuning::Traffic;
 use crate::resources::Call;
+use crate::schedule::Step;
 use crate::{Arg, Error, Result};
 
 /// The caller's buffers of one rank, as device addresses (0 where the rank has none).
@@ -37,6 +41,46 @@ pub struct RankPtrs {
     pub send: u64,
     /// The receive (output) buffer.
     pub recv: u64,
+}
+
+/// The primitive of `step` with its sources and destinations resolved to `srcs` and `dsts`
+/// (addresses in step order; a second destination only if the step has one).
+fn prim_for<'a>(step: &Step, srcs: &'a [u64], dsts: &[u64; 2], nranks: usize) -> Prim<'a> {
+    let nsrc = step.srcs.len();
+    let dst1 = (step.dsts.len() == 2).then_some(dsts[1]);
+    let postdiv = if step.finish {
+        u32::try_from(nranks).unwrap_or(u32::MAX)
+    } else {
+        1
+    };
+    match nsrc {
+        1 => Prim::Copy {
+            src: srcs[0],
+            dst0: dsts[0],
+            dst1,
+        },
+        2 => Prim::ReduceCopy {
+            a: srcs[0],
+            b: srcs[1],
+            dst0: dsts[0],
+            dst1,
+            postdiv,
+        },
+        _ => Prim::Reduce {
+            srcs: &srcs[..nsrc],
+            dst: dsts[0],
+            postdiv,
+        },
+    }
+}
+
+/// Where a step's traffic goes, from whether it reads and writes another GPU's memory.
+fn traffic(reads_peer: bool, writes_peer: bool) -> Traffic {
+    match (reads_peer, writes_peer) {
+        (true, true) => Traffic::PeerDuplex,
+        (false, false) => Traffic::Local,
+        _ => Traffic::Peer,
+    }
 }
 
 fn internal(reason: String) -> Error {

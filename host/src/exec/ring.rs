@@ -18,9 +18,7 @@
 
 use cudarc::driver::CudaStream;
 
-use super::{internal, record, scratch_for_call, wait, RankPtrs};
-use crate::driver::launch::Prim;
-use crate::plan::tuning::Traffic;
+use super::{internal, prim_for, record, scratch_for_call, traffic, wait, RankPtrs};
 use crate::plan::Prepared;
 use crate::resources::Call;
 use crate::schedule::{BufId, Region, Step};
@@ -242,38 +240,9 @@ fn issue_step(
             a
         };
     }
-    let traffic = match (reads_peer, writes_peer) {
-        (true, true) => Traffic::PeerDuplex,
-        (false, false) => Traffic::Local,
-        _ => Traffic::Peer,
-    };
+    let traffic = traffic(reads_peer, writes_peer);
 
-    let nsrc = step.srcs.len();
-    let dst1 = (step.dsts.len() == 2).then_some(dsts[1]);
-    let postdiv = if step.finish {
-        u32::try_from(nranks).unwrap_or(u32::MAX)
-    } else {
-        1
-    };
-    let prim = match nsrc {
-        1 => Prim::Copy {
-            src: srcs[0],
-            dst0: dsts[0],
-            dst1,
-        },
-        2 => Prim::ReduceCopy {
-            a: srcs[0],
-            b: srcs[1],
-            dst0: dsts[0],
-            dst1,
-            postdiv,
-        },
-        _ => Prim::Reduce {
-            srcs: &srcs[..nsrc],
-            dst: dsts[0],
-            postdiv,
-        },
-    };
+    let prim = prim_for(step, &srcs, &dsts, nranks);
     // SAFETY: every address is `len` elements of `dtype` in a live buffer of its rank (the
     // collective validated the caller's buffers; scratch and staging were sized above), and
     // every address is accessible from rank `e` (its own memory, a peer with peer access

@@ -7,6 +7,7 @@
 //! * [`Prepared`] and [`PlanCache`]: a checked schedule with its event plan, built once per call
 //!   shape and kept by the communicator.
 
+pub mod signals;
 pub mod topology;
 pub mod tuning;
 
@@ -71,30 +72,69 @@ pub struct ScheduleKey {
     pub chunk: usize,
 }
 
-/// Prepared schedules by call shape, so repeated calls of one shape skip scheduling.
-#[derive(Debug, Default)]
-pub struct PlanCache {
-    map: Mutex<HashMap<ScheduleKey, Arc<Prepared>>>,
+/// Prepared schedules (or what else a call shape plans: `T`) by call shape, so repeated calls of
+/// one shape skip scheduling.
+#[derive(Debug)]
+pub struct PlanCache<T = Prepared> {
+    map: Mutex<HashMap<ScheduleKey, Arc<T>>>,
+}
+
+impl<T> Default for PlanCache<T> {
+    fn default() -> Self {
+        PlanCache {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// A schedule for ranks in different processes ([`crate::schedule::through_scratch`]), prepared, with
+/// its numbered signals.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessPlan {
+    /// The schedule, checked.
+    pub prepared: Prepared,
+    /// Its cross-rank orderings as signals.
+    pub signals: signals::SignalPlan,
+}
+
+impl ProcessPlan {
+    /// Rewrites `schedule` for processes (peers reach each other only in scratch), checks it and
+    /// numbers its signals.
+    pub fn new(schedule: &Schedule) -> Result<Self> {
+        let staged = crate::schedule::through_scratch(schedule).map_err(|e| Error::Internal {
+            reason: format!("malformed schedule: {e}"),
+        })?;
+        if let Some(step) = crate::schedule::peer_private_access(&staged) {
+            return Err(Error::Internal {
+                reason: format!("step {step} of a schedule for processes reaches a peer's own buffer"),
+            });
+        }
+        let signals = signals::SignalPlan::new(&staged);
+        Ok(ProcessPlan {
+            prepared: Prepared::new(staged)?,
+            signals,
+        })
+    }
 }
 
 /// Schedules kept before the cache is emptied.
 pub const PLAN_CACHE_LIMIT: usize = 256;
 
-impl PlanCache {
-    /// The prepared schedule for `key`, built with `build` (and checked) the first time; the
-    /// flag says whether it was built now.
+impl<T> PlanCache<T> {
+    /// The plan for `key`, built with `build` the first time; the flag says whether it was
+    /// built now. A plan that fails to build is not kept.
     pub fn get_or_build(
         &self,
         key: ScheduleKey,
-        build: impl FnOnce() -> Schedule,
-    ) -> Result<(Arc<Prepared>, bool)> {
+        build: impl FnOnce() -> Result<T>,
+    ) -> Result<(Arc<T>, bool)> {
         // A panic while the lock was held cannot leave the map inconsistent (entries are only
         // inserted whole), so recover from poisoning.
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = map.get(&key) {
             return Ok((p.clone(), false));
         }
-        let p = Arc::new(Prepared::new(build())?);
+        let p = Arc::new(build()?);
         if map.len() >= PLAN_CACHE_LIMIT {
             map.clear();
         }
@@ -198,7 +238,7 @@ mod tests {
 
     #[test]
     fn the_cache_builds_once_per_key() {
-        let cache = PlanCache::default();
+        let cache: PlanCache = PlanCache::default();
         let key = ScheduleKey {
             kind: CollectiveKind::AllReduce,
             count: 8,
@@ -206,19 +246,20 @@ mod tests {
             root: None,
             chunk: 4,
         };
-        let (a, new) = cache.get_or_build(key, two_rank_schedule).unwrap();
+        let build = || Prepared::new(two_rank_schedule());
+        let (a, new) = cache.get_or_build(key, build).unwrap();
         assert!(new);
         let (b, new) = cache
             .get_or_build(key, || unreachable!("cached"))
             .unwrap();
         assert!(!new && Arc::ptr_eq(&a, &b));
         let other = ScheduleKey { count: 9, ..key };
-        assert!(cache.get_or_build(other, two_rank_schedule).unwrap().1);
+        assert!(cache.get_or_build(other, build).unwrap().1);
         // A schedule that fails its check is not cached.
         let third = ScheduleKey { count: 10, ..key };
         let mut broken = two_rank_schedule();
         broken.steps[0].exec = 7;
-        assert!(cache.get_or_build(third, || broken).is_err());
-        assert!(cache.get_or_build(third, two_rank_schedule).unwrap().1);
+        assert!(cache.get_or_build(third, || Prepared::new(broken)).is_err());
+        assert!(cache.get_or_build(third, build).unwrap().1);
     }
 }

@@ -9,9 +9,16 @@
 //!   `cuMemcpyPeerAsync` before the kernel ([`Transport::stage_in`]), and a destination on the
 //!   peer is written to staging and copied out after it ([`Transport::stage_out`]).
 //!
-//! The executor asks only [`Transport::path`] and these two copies; a new transport (CUDA IPC
-//! between processes, copy engines, a network) adds a path here rather than changing the
-//! executor.
+//! Between processes ([`ipc`]): each rank's scratch and flag area are exported once with CUDA
+//! IPC and mapped by its peers ([`ipc::Windows`]); kernels then read and write a peer's scratch
+//! like their own memory. Only scratch is reachable there, which the schedules for processes
+//! respect (`crate::schedule::through_scratch`).
+//!
+//! The executors ask only [`Transport::path`], the two staged copies, and the windows'
+//! addresses; a new transport (copy engines, a network) adds a path here rather than changing
+//! the executors.
+
+pub mod ipc;
 
 use std::sync::Arc;
 

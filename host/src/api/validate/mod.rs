@@ -54,34 +54,36 @@ pub(crate) fn bytes(elems: usize, size: usize) -> u64 {
 pub(crate) fn check_common(
     name: &str,
     nargs: usize,
-    devices: &[usize],
+    held: &Held<'_>,
     streams: &[usize],
     max_elems: Option<usize>,
     elem_size: usize,
 ) -> Result<()> {
-    let n = devices.len();
-    if n == 0 {
+    let (n, k) = (held.nranks, held.ranks.len());
+    if n == 0 || k == 0 {
         return Err(Error::invalid(
             None,
             Arg::Ranks,
             format!("{name}: the communicator has no ranks"),
         ));
     }
-    if nargs != n {
+    let whose = if k == n {
+        format!("a communicator of {n} ranks")
+    } else {
+        format!("the {k} rank(s) this communicator holds (of {n})")
+    };
+    if nargs != k {
         return Err(Error::invalid(
             None,
             Arg::Ranks,
-            format!("{name}: {nargs} per-rank arguments given for a communicator of {n} ranks"),
+            format!("{name}: {nargs} per-rank arguments given for {whose}"),
         ));
     }
-    if streams.len() != n {
+    if streams.len() != k {
         return Err(Error::invalid(
             None,
             Arg::Stream,
-            format!(
-                "{name}: {} streams given for a communicator of {n} ranks",
-                streams.len()
-            ),
+            format!("{name}: {} streams given for {whose}", streams.len()),
         ));
     }
     if max_elems.and_then(|e| e.checked_mul(elem_size)).is_none() {
@@ -91,7 +93,7 @@ pub(crate) fn check_common(
             format!("{name}: the count times {n} ranks times {elem_size} bytes overflows"),
         ));
     }
-    for (r, (&s, &d)) in streams.iter().zip(devices).enumerate() {
+    for ((&s, &d), &r) in streams.iter().zip(held.devices).zip(held.ranks) {
         if s != d {
             return Err(Error::invalid(
                 Some(r),
@@ -101,6 +103,18 @@ pub(crate) fn check_common(
         }
     }
     Ok(())
+}
+
+/// The ranks a call's arguments are for: `ranks[i]` (of `nranks`) on device `devices[i]`. A
+/// communicator of one process holds every rank; one rank of a job of processes holds itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Held<'a> {
+    /// Ranks in the communicator.
+    pub nranks: usize,
+    /// The ranks held here, in argument order.
+    pub ranks: &'a [usize],
+    /// Their devices.
+    pub devices: &'a [usize],
 }
 
 /// Checks one buffer against what the collective needs of it.
@@ -305,16 +319,28 @@ pub fn validate(
     streams: &[usize],
     elem_size: usize,
 ) -> Result<Validated> {
-    let name = c.name();
-    let n = devices.len();
-    check_common(
-        name,
-        args.len(),
+    let ranks: Vec<usize> = (0..devices.len()).collect();
+    let held = Held {
+        nranks: devices.len(),
+        ranks: &ranks,
         devices,
-        streams,
-        c.max_elems(n),
-        elem_size,
-    )?;
+    };
+    validate_held(c, args, &held, streams, elem_size)
+}
+
+/// [`validate`] for the ranks `held` holds (argument `i` is rank `held.ranks[i]`'s): every check
+/// that needs only those ranks' arguments. Whether the other ranks agree (same count, type,
+/// root, layout) is not seen from here.
+pub fn validate_held(
+    c: Collective,
+    args: &[RankArgs],
+    held: &Held<'_>,
+    streams: &[usize],
+    elem_size: usize,
+) -> Result<Validated> {
+    let name = c.name();
+    let n = held.nranks;
+    check_common(name, args.len(), held, streams, c.max_elems(n), elem_size)?;
     if let Some(root) = c.root() {
         if root >= n {
             return Err(Error::invalid(
@@ -325,14 +351,14 @@ pub fn validate(
         }
     }
 
-    let mut resolved = Vec::with_capacity(n);
-    for (r, a) in args.iter().enumerate() {
-        resolved.push(resolve_rank(c, r, n, a, devices[r], elem_size)?);
+    let mut resolved = Vec::with_capacity(args.len());
+    for ((a, &r), &device) in args.iter().zip(held.ranks).zip(held.devices) {
+        resolved.push(resolve_rank(c, r, n, a, device, elem_size)?);
     }
 
     // One layout for every rank.
     let mut first: Option<(usize, bool)> = None;
-    for (r, res) in resolved.iter().enumerate() {
+    for (res, &r) in resolved.iter().zip(held.ranks) {
         let Some(ip) = res.in_place else { continue };
         match first {
             None => first = Some((r, ip)),
@@ -363,8 +389,8 @@ pub fn validate(
     // other (send = recv + rank*stride, or the reverse); a rank that has only one of the two
     // (a non-root of reduce, gather or scatter) gets the other one computed so that the
     // schedule's rewritten regions land in the buffer it has.
-    let mut ptrs = Vec::with_capacity(n);
-    for (r, res) in resolved.iter().enumerate() {
+    let mut ptrs = Vec::with_capacity(resolved.len());
+    for (res, &r) in resolved.iter().zip(held.ranks) {
         let (ns, nr) = c.needs(r, n);
         let mut p = Ptrs {
             send: res.send.map_or(0, |b| b.ptr),

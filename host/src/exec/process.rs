@@ -1,0 +1,249 @@
+//! The executor of a rank whose peers are other processes: the schedule's steps of this rank,
+//! ordered against the peers' steps by signals in device memory instead of events.
+//!
+//! The schedule has gone through [`crate::schedule::through_scratch`] (a peer's memory is reached only
+//! in its scratch, which this process has mapped: [`crate::transport::ipc::Windows`]), and its
+//! cross-rank orderings are numbered signals ([`crate::plan::signals::SignalPlan`]). On this
+//! rank's stream, for one call:
+//! 1. wait for the end of this rank's previous call (its scratch is free again);
+//! 2. signal the peers that touch this rank's memory that it reached the call; wait for the
+//!    peers whose memory it touches;
+//! 3. per step of this rank: wait for the signals of its dependencies, launch it, signal the
+//!    peers that wait for it;
+//! 4. wait for the last signals of the peers that touched this rank's memory; record the end.
+//!
+//! A signal is a `cuStreamWriteValue64` of a growing counter into the peer's flag word (after
+//! the stream's earlier work, with a memory fence), a wait is a `cuStreamWaitValue64` until this
+//! rank's flag word reaches it. Nothing blocks the host. CUDA-graph capture is refused (the
+//! counters' values would be frozen into the graph).
+
+use cudarc::driver::CudaStream;
+
+use super::ring::region_addr;
+use super::{internal, prim_for, record, traffic, wait, RankPtrs};
+use crate::driver::ipc::MemOps;
+use crate::plan::signals::{Signal, SignalPlan};
+use crate::plan::Prepared;
+use crate::resources::{ProcessState, RankResources};
+use crate::schedule::{BufId, Region};
+use crate::{DataType, Error, RedOp, Result};
+
+/// What a call of a rank among processes works with.
+pub struct ProcessCall<'a> {
+    /// This rank's device, kernels and launch caps.
+    pub me: &'a RankResources,
+    /// The windows, the signal counters and the end of the previous call.
+    pub state: &'a mut ProcessState,
+    /// The stream memory operations.
+    pub memops: &'a MemOps,
+}
+
+impl ProcessCall<'_> {
+    fn send(&self, stream: &CudaStream, s: Signal) -> Result<()> {
+        let st = &self.state;
+        let flag = st
+            .windows
+            .flag(s.peer, st.rank)
+            .ok_or_else(|| internal(format!("no flag area for rank {}", s.peer)))?;
+        let value = st.sent[s.peer] + s.k;
+        // SAFETY: `flag` is a word of rank `s.peer`'s flag area, mapped in this process for the
+        // communicator's life.
+        unsafe { self.memops.write(stream, flag, value, st.rank) }
+    }
+
+    fn wait_for(&self, stream: &CudaStream, s: Signal) -> Result<()> {
+        let st = &self.state;
+        let flag = st
+            .windows
+            .flag(st.rank, s.peer)
+            .ok_or_else(|| internal(format!("no flag word for rank {}", s.peer)))?;
+        let value = st.received[s.peer] + s.k;
+        // SAFETY: `flag` is a word of this rank's own flag area.
+        unsafe { self.memops.wait_geq(stream, flag, value, st.rank) }
+    }
+}
+
+/// Enqueues this rank's part of `p` (a schedule for processes, with its signals `sig`) on
+/// `stream`, with this rank's buffers `mine`.
+#[allow(clippy::too_many_arguments)]
+pub fn execute(
+    call: &mut ProcessCall<'_>,
+    p: &Prepared,
+    sig: &SignalPlan,
+    dtype: DataType,
+    op: RedOp,
+    mine: RankPtrs,
+    stream: &CudaStream,
+) -> Result<()> {
+    let s = &p.schedule;
+    let (r, n) = (call.state.rank, s.nranks);
+    if call.state.broken {
+        return Err(Error::Internal {
+            reason: "an earlier call of this communicator failed half-issued; its ranks are \
+                     out of step: destroy the communicator"
+                .into(),
+        });
+    }
+    if r >= n || call.state.sent.len() != n || sig.count.len() != n * n {
+        return Err(internal(format!("rank {r} of {n}: signal counters do not match")));
+    }
+    if s.steps.is_empty() {
+        return Ok(());
+    }
+    let size = dtype.size();
+    let need = s.scratch_len.saturating_mul(size);
+    if need > call.state.windows.scratch_bytes() {
+        return Err(internal(format!(
+            "the scratch of {} bytes is smaller than the {need} this call needs",
+            call.state.windows.scratch_bytes()
+        )));
+    }
+    let mut ptrs = vec![RankPtrs::default(); n];
+    ptrs[r] = mine;
+    let issued = issue(call, p, sig, dtype, op, &ptrs, stream);
+    if issued.is_err() {
+        // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
+        // agree.
+        call.state.broken = true;
+        return issued;
+    }
+    for q in 0..n {
+        call.state.sent[q] += sig.count[r * n + q];
+        call.state.received[q] += sig.count[q * n + r];
+    }
+    Ok(())
+}
+
+fn issue(
+    call: &ProcessCall<'_>,
+    p: &Prepared,
+    sig: &SignalPlan,
+    dtype: DataType,
+    op: RedOp,
+    ptrs: &[RankPtrs],
+    stream: &CudaStream,
+) -> Result<()> {
+    let s = &p.schedule;
+    let r = call.state.rank;
+    let size = dtype.size();
+    let scratch = call.state.windows.scratch();
+    wait(stream, &call.state.end, r)?;
+    for &x in &sig.start_send[r] {
+        call.send(stream, x)?;
+    }
+    for &x in &sig.start_wait[r] {
+        call.wait_for(stream, x)?;
+    }
+    let me = call.me;
+    for (i, step) in s.steps.iter().enumerate().filter(|(_, st)| st.exec == r) {
+        for &x in &sig.before[i] {
+            call.wait_for(stream, x)?;
+        }
+        let len = step.len();
+        if len > 0 {
+            let addr = |reg: &Region| {
+                if reg.rank != r && reg.buf != BufId::Scratch {
+                    return Err(internal(format!(
+                        "a schedule for processes touches another rank's {:?}",
+                        reg.buf
+                    )));
+                }
+                region_addr(reg, size, ptrs, scratch)
+                    .ok_or_else(|| internal(format!("no address for {reg:?}")))
+            };
+            let mut srcs = [0u64; gpu_kernels::prim::MAX_SRCS];
+            for (slot, reg) in srcs.iter_mut().zip(&step.srcs) {
+                *slot = addr(reg)?;
+            }
+            let mut dsts = [0u64; 2];
+            for (slot, reg) in dsts.iter_mut().zip(&step.dsts) {
+                *slot = addr(reg)?;
+            }
+            let reads_peer = step.srcs.iter().any(|x| x.rank != r);
+            let writes_peer = step.dsts.iter().any(|x| x.rank != r);
+            let prim = prim_for(step, &srcs, &dsts, s.nranks);
+            let cap = me.caps.for_traffic(traffic(reads_peer, writes_peer));
+            // SAFETY: every address is `len` elements of `dtype`: this rank's own buffers
+            // (validated by the collective), or a rank's scratch (sized for the schedule and
+            // mapped in this process); the schedule for processes touches no other memory.
+            unsafe { me.kernels.launch_prim(stream, dtype, op, prim, len, cap)? };
+        }
+        for &x in &sig.after[i] {
+            call.send(stream, x)?;
+        }
+    }
+    for &x in &sig.end_wait[r] {
+        call.wait_for(stream, x)?;
+    }
+    record(&call.state.end, stream, r)
+}
+
+/// Enqueues this rank's part of a one-shot all-reduce of `count` elements among processes (see
+/// `gpu_kernels::oneshot`): the input is copied into this rank's scratch, which the peers have
+/// mapped, then ONE kernel reads every rank's copy, meets the peers' kernels at the device-side
+/// barrier over the mapped flag arrays, and writes `mine.recv`. The kernel ends only once every
+/// peer is done reading this rank's copy, so the next call may overwrite it. No signal, no
+/// event crosses processes. The caller checks that one-shot is possible (2 to `MAX_RANKS`
+/// ranks).
+pub fn execute_oneshot(
+    call: &mut ProcessCall<'_>,
+    dtype: DataType,
+    op: RedOp,
+    mine: RankPtrs,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    use crate::driver::launch::OneShotArgs;
+    use gpu_kernels::oneshot::MAX_RANKS;
+    let st = &call.state;
+    let (r, n) = (st.rank, st.sent.len());
+    if !(2..=MAX_RANKS).contains(&n) || r >= n {
+        return Err(internal(format!("one-shot all-reduce of {n} ranks")));
+    }
+    if count == 0 {
+        return Ok(());
+    }
+    let bytes = count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| internal(format!("{count} elements overflow")))?;
+    if bytes > st.windows.scratch_bytes() {
+        return Err(internal(format!("one-shot all-reduce of {bytes} bytes exceeds the scratch")));
+    }
+    let mut srcs = [0u64; MAX_RANKS];
+    let mut flags = [0u64; MAX_RANKS];
+    for q in 0..n {
+        srcs[q] = st.windows.scratch()[q];
+        flags[q] = st
+            .windows
+            .oneshot_flags(q)
+            .ok_or_else(|| internal(format!("no flag array for rank {q}")))?;
+    }
+    call.me.kernels.oneshot_ready(dtype, op, n)?;
+    wait(stream, &st.end, r)?;
+    // SAFETY: `mine.send` is `count` elements of this rank's input (validated by the
+    // collective) and `srcs[r]` this rank's own scratch of at least `bytes`; the previous call's
+    // end (waited for above) means no peer still reads it.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(srcs[r], mine.send, bytes, stream.cu_stream())
+    }
+    .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
+    let args = OneShotArgs {
+        srcs: &srcs[..n],
+        dst: mine.recv,
+        tmp: None,
+        count,
+        postdiv: u32::try_from(n).unwrap_or(u32::MAX),
+        flags: &flags[..n],
+        rank: r,
+    };
+    // SAFETY: every source is `count` elements of a rank's scratch mapped in this process, the
+    // destination this rank's validated output; the flag arrays are the ranks' flag areas,
+    // mapped for the communicator's life and used by no one but its one-shot kernels.
+    let launched = unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) };
+    if launched.is_err() {
+        // The peers' kernels wait at the barrier for this one: the job cannot go on.
+        call.state.broken = true;
+        return launched;
+    }
+    record(&call.state.end, stream, r)
+}

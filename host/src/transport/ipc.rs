@@ -1,0 +1,288 @@
+//! Ranks in other processes: each rank's communication buffers, exported once and mapped by its
+//! peers ([`Windows`]).
+//!
+//! Each rank allocates, with plain `cuMemAlloc` (what CUDA IPC exports):
+//! * a **flag area** of [`FLAG_BYTES`]: word `p` holds the latest signal count rank `p` wrote
+//!   there ([`crate::plan::signals`]), then the one-shot all-reduce's flag array; fixed size,
+//!   exchanged once;
+//! * a **scratch** buffer: the only memory of a rank that its peers read and write (shadows of
+//!   the caller's buffers, partial results: see [`crate::schedule::through_scratch`]). It grows with the
+//!   calls; growing is collective (every rank runs the same calls, so every rank grows at the
+//!   same call) and costs a blocking exchange, so it doubles.
+//!
+//! Peers in another process open the buffers through their IPC handles once per size
+//! (milliseconds each); peers in the same process use the address directly, with peer access.
+//! The exchange goes through an [`Exchange`] (the communicator's bootstrap).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+use crate::driver::ipc::{DeviceAlloc, IpcHandle, Mapped};
+use crate::driver::{can_access_peer, enable_peer_access};
+use crate::{Error, Result};
+
+/// Bytes of a rank's flag area: one 8-byte signal word per possible peer, then the one-shot
+/// all-reduce's flag array (`gpu_kernels::oneshot::FLAG_WORDS` words).
+pub const FLAG_BYTES: usize = SIGNAL_BYTES + gpu_kernels::oneshot::FLAG_WORDS * 8;
+
+/// Bytes of the signal words at the start of a flag area.
+pub const SIGNAL_BYTES: usize = MAX_PROCESS_RANKS * 8;
+
+/// The most ranks a communicator of processes supports (the flag area's words).
+pub const MAX_PROCESS_RANKS: usize = 1024;
+
+/// Smallest scratch buffer of a communicator of processes.
+pub const MIN_SCRATCH_BYTES: usize = 4 << 20;
+
+/// The all-gather the buffers are exchanged with (a communicator's bootstrap).
+pub trait Exchange {
+    /// Every rank's `mine`, in rank order (collective).
+    fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+}
+
+/// What a rank publishes about one of its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Published {
+    pid: u32,
+    machine: u64,
+    ordinal: u32,
+    ptr: u64,
+    bytes: u64,
+    handle: IpcHandle,
+}
+
+const PUBLISHED_BYTES: usize = 4 + 8 + 4 + 8 + 8 + 64;
+
+impl Published {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(PUBLISHED_BYTES);
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.machine.to_le_bytes());
+        v.extend_from_slice(&self.ordinal.to_le_bytes());
+        v.extend_from_slice(&self.ptr.to_le_bytes());
+        v.extend_from_slice(&self.bytes.to_le_bytes());
+        v.extend_from_slice(&self.handle.0);
+        v
+    }
+
+    fn decode(b: &[u8], rank: usize) -> Result<Self> {
+        if b.len() != PUBLISHED_BYTES {
+            return Err(Error::Internal {
+                reason: format!("rank {rank} published {} bytes, not {PUBLISHED_BYTES}", b.len()),
+            });
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        let mut handle = [0u8; 64];
+        handle.copy_from_slice(&b[32..96]);
+        Ok(Published {
+            pid: u32_at(0),
+            machine: u64_at(4),
+            ordinal: u32_at(12),
+            ptr: u64_at(16),
+            bytes: u64_at(24),
+            handle: IpcHandle(handle),
+        })
+    }
+}
+
+/// An identifier of this machine's current boot (ranks on one machine share it): CUDA IPC
+/// works only between processes of one machine.
+fn machine_id() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
+        .unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.trim().hash(&mut h);
+    h.finish()
+}
+
+/// A peer's buffer as this process reaches it.
+#[derive(Debug)]
+enum Reach {
+    /// This rank's own buffer.
+    Own,
+    /// A buffer of another rank of this process (peer access).
+    Direct,
+    /// A buffer of another process, mapped (unmapped when dropped).
+    Mapped { _mapping: Mapped },
+}
+
+/// One exchanged buffer of every rank, as this process reaches it.
+#[derive(Debug)]
+struct Shared {
+    own: DeviceAlloc,
+    reach: Vec<Reach>,
+    /// Every rank's buffer address in this process.
+    addr: Vec<u64>,
+}
+
+impl Shared {
+    /// Allocates this rank's buffer of `bytes`, exchanges it and maps every peer's.
+    fn exchange(
+        ctx: &Arc<CudaContext>,
+        rank: usize,
+        bytes: usize,
+        ex: &dyn Exchange,
+    ) -> Result<Self> {
+        let r = Some(rank);
+        let own = DeviceAlloc::zeroed(ctx, bytes, r)?;
+        let mine = Published {
+            pid: std::process::id(),
+            machine: machine_id(),
+            ordinal: ctx.ordinal() as u32,
+            ptr: own.ptr(),
+            bytes: own.bytes() as u64,
+            handle: own.ipc_handle(r)?,
+        };
+        let all = ex.all_gather(&mine.encode())?;
+        let mut reach = Vec::with_capacity(all.len());
+        let mut addr = Vec::with_capacity(all.len());
+        for (q, b) in all.iter().enumerate() {
+            let p = Published::decode(b, q)?;
+            if q == rank {
+                reach.push(Reach::Own);
+                addr.push(own.ptr());
+                continue;
+            }
+            if p.machine != mine.machine {
+                return Err(Error::Kernel {
+                    reason: format!(
+                        "rank {q} runs on another machine: ranks of one communicator must share \
+                         a machine (CUDA IPC)"
+                    ),
+                });
+            }
+            let peer_ordinal = p.ordinal as usize;
+            if peer_ordinal != ctx.ordinal() && !can_access_peer(ctx.ordinal(), peer_ordinal)? {
+                return Err(Error::Kernel {
+                    reason: format!(
+                        "device {} cannot access device {peer_ordinal} (rank {q}) directly",
+                        ctx.ordinal()
+                    ),
+                });
+            }
+            if p.pid == mine.pid {
+                if peer_ordinal != ctx.ordinal() {
+                    let peer_ctx = CudaContext::new(peer_ordinal)
+                        .map_err(|e| Error::cuda("cuDevicePrimaryCtxRetain", Some(q), e))?;
+                    enable_peer_access(ctx, &peer_ctx)?;
+                }
+                reach.push(Reach::Direct);
+                addr.push(p.ptr);
+            } else {
+                let m = p.handle.open(ctx, r)?;
+                addr.push(m.ptr());
+                reach.push(Reach::Mapped { _mapping: m });
+            }
+        }
+        Ok(Shared { own, reach, addr })
+    }
+}
+
+/// Every rank's flag area and scratch, as this process reaches them.
+#[derive(Debug)]
+pub struct Windows {
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    flags: Shared,
+    scratch: Shared,
+}
+
+impl Windows {
+    /// Allocates this rank's flag area and first scratch and maps every peer's (collective).
+    pub fn connect(ctx: &Arc<CudaContext>, rank: usize, nranks: usize, ex: &dyn Exchange) -> Result<Self> {
+        if nranks > MAX_PROCESS_RANKS {
+            return Err(Error::invalid(
+                None,
+                crate::Arg::Ranks,
+                format!("{nranks} ranks: a communicator of processes has at most {MAX_PROCESS_RANKS}"),
+            ));
+        }
+        let flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex)?;
+        let scratch = Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex)?;
+        if flags.addr.len() != nranks || scratch.addr.len() != nranks {
+            return Err(Error::Internal {
+                reason: format!("{} ranks answered the exchange, not {nranks}", flags.addr.len()),
+            });
+        }
+        Ok(Windows {
+            ctx: ctx.clone(),
+            rank,
+            flags,
+            scratch,
+        })
+    }
+
+    /// The address, in this process, of the flag word rank `from` signals rank `to` with.
+    pub fn flag(&self, to: usize, from: usize) -> Option<u64> {
+        self.flags.addr.get(to).map(|base| base + 8 * from as u64)
+    }
+
+    /// The address, in this process, of rank `q`'s one-shot flag array.
+    pub fn oneshot_flags(&self, q: usize) -> Option<u64> {
+        self.flags.addr.get(q).map(|base| base + SIGNAL_BYTES as u64)
+    }
+
+    /// Every rank's scratch address in this process.
+    pub fn scratch(&self) -> &[u64] {
+        &self.scratch.addr
+    }
+
+    /// Bytes of every rank's scratch now.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.own.bytes()
+    }
+
+    /// Grows every rank's scratch to at least `bytes` (collective: every rank calls it at the
+    /// same call with the same `bytes`). The caller has waited for this rank's previous call
+    /// to end (every peer's use of this rank's buffer, and this rank's use of the peers', ends
+    /// before it). Exchanges the new buffers, and frees the old ones once every rank has its
+    /// new mappings.
+    pub fn grow_scratch(&mut self, bytes: usize, ex: &dyn Exchange) -> Result<()> {
+        if bytes <= self.scratch_bytes() {
+            return Ok(());
+        }
+        let target = bytes.next_power_of_two().max(MIN_SCRATCH_BYTES);
+        let new = Shared::exchange(&self.ctx, self.rank, target, ex)?;
+        let Shared { own, reach, .. } = std::mem::replace(&mut self.scratch, new);
+        // Close this process's mappings of the old buffers, wait until every rank has, then
+        // free the old buffer.
+        drop(reach);
+        ex.all_gather(&[])?;
+        drop(own);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_records_round_trip() {
+        let p = Published {
+            pid: 4242,
+            machine: 0x0123_4567_89ab_cdef,
+            ordinal: 3,
+            ptr: 0x7f00_0000_1000,
+            bytes: 4 << 20,
+            handle: IpcHandle([7; 64]),
+        };
+        let b = p.encode();
+        assert_eq!(b.len(), PUBLISHED_BYTES);
+        assert_eq!(Published::decode(&b, 1).unwrap(), p);
+        assert!(matches!(Published::decode(&b[1..], 1), Err(Error::Internal { .. })));
+    }
+
+    #[test]
+    fn the_machine_id_is_stable() {
+        assert_eq!(machine_id(), machine_id());
+    }
+}

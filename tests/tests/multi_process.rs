@@ -1,0 +1,455 @@
+//! GPU test of one process per GPU: every collective of a job of processes, checked element by
+//! element against the values computed on the host.
+//!
+//! `every_collective_across_processes` (2+ GPUs) makes a [`UniqueId`], starts one process per
+//! GPU (this test binary again, running `rank_of_a_job` with the id, the rank and the rank
+//! count in its environment), and waits for all of them (bounded). `rank_of_a_job` joins the
+//! job as its rank and runs the checks; started alone (no job in its environment) it is a job
+//! of one rank on GPU 0.
+//!
+//! Run on a GPU machine: `cargo test -p ringccl-tests --test multi_process -- --include-ignored
+//! --test-threads=1 --nocapture`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+use ringccl::{Communicator, DeviceElement, Io, RedOp, UniqueId};
+
+const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
+const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
+const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+
+/// The element types the checks run over: small integers are exact in all of them.
+trait Elem: DeviceElement + PartialEq + cudarc::driver::ValidAsZeroBits {
+    fn from_small(v: i64) -> Self;
+    fn to_f64(self) -> f64;
+}
+
+impl Elem for f32 {
+    fn from_small(v: i64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+impl Elem for bf16 {
+    fn from_small(v: i64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self.to_f32())
+    }
+}
+
+impl Elem for i32 {
+    fn from_small(v: i64) -> Self {
+        v as i32
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+/// Rank `r`'s input element `i`.
+fn input(r: usize, i: usize) -> i64 {
+    ((r * 7 + i * 3) % 13) as i64 - 4
+}
+
+fn inputs<T: Elem>(r: usize, len: usize) -> Vec<T> {
+    (0..len).map(|i| T::from_small(input(r, i))).collect()
+}
+
+/// `op` over the ranks' inputs at `i` (as exact integers; avg of an integer type truncates).
+fn reduce_at(op: RedOp, n: usize, i: usize, float: bool) -> f64 {
+    let vals = (0..n).map(|q| input(q, i));
+    match op {
+        RedOp::Sum => vals.sum::<i64>() as f64,
+        RedOp::Max => vals.max().unwrap_or(0) as f64,
+        RedOp::Min => vals.min().unwrap_or(0) as f64,
+        RedOp::Prod => vals.product::<i64>() as f64,
+        RedOp::Avg => {
+            let s: i64 = vals.sum();
+            if float {
+                s as f64 / n as f64
+            } else {
+                (s / n as i64) as f64
+            }
+        }
+    }
+}
+
+struct Job {
+    comm: Communicator,
+    rank: usize,
+    n: usize,
+}
+
+impl Job {
+    fn stream(&self) -> &std::sync::Arc<CudaStream> {
+        self.comm.stream(self.rank)
+    }
+    fn up<T: Elem>(&self, v: &[T]) -> CudaSlice<T> {
+        self.stream().clone_htod(v).expect("upload")
+    }
+    fn zeros<T: Elem>(&self, len: usize) -> CudaSlice<T> {
+        self.stream().alloc_zeros::<T>(len.max(1)).expect("alloc")
+    }
+    fn down<T: Elem>(&self, b: &CudaSlice<T>) -> Vec<T> {
+        self.stream().synchronize().expect("synchronize");
+        self.stream().clone_dtoh(b).expect("download")
+    }
+}
+
+fn check<T: Elem>(
+    what: &str,
+    got: &[T],
+    want: impl Fn(usize) -> f64,
+    range: std::ops::Range<usize>,
+) -> usize {
+    let mut bad = 0;
+    for i in range.clone() {
+        let w = want(i - range.start);
+        if got[i].to_f64() != w {
+            if bad < 5 {
+                eprintln!("{what}: element {i} = {} but {w} expected", got[i].to_f64());
+            }
+            bad += 1;
+        }
+    }
+    bad
+}
+
+/// Every collective for type `T`: out of place and in place, several counts, two roots.
+fn check_type<T: Elem>(job: &Job, float: bool) -> (usize, usize) {
+    let (r, n) = (job.rank, job.n);
+    let s = [job.stream()];
+    let ty = T::DTYPE.name();
+    let (mut cases, mut bad) = (0usize, 0usize);
+    let ops: &[RedOp] = if float {
+        &[RedOp::Sum, RedOp::Max, RedOp::Avg]
+    } else {
+        &[RedOp::Sum, RedOp::Min, RedOp::Avg]
+    };
+    for &c in &[0usize, 1, 4097, (1 << 20) + 3] {
+        for &in_place in &[false, true] {
+            let tag = |name: &str| format!("{name} {ty} count {c} in place {in_place} rank {r}");
+            for &op in ops {
+                // All-reduce.
+                let what = tag(&format!("all_reduce {op:?}"));
+                let input_v = inputs::<T>(r, c);
+                let got = if in_place {
+                    let mut b = job.up(&input_v);
+                    job.comm
+                        .all_reduce(&mut [Io::in_place(&mut b)], c, op, &s)
+                        .expect(&what);
+                    job.down(&b)
+                } else {
+                    let a = job.up(&input_v);
+                    let mut b = job.zeros::<T>(c);
+                    job.comm
+                        .all_reduce(&mut [Io::out_of_place(&a, &mut b)], c, op, &s)
+                        .expect(&what);
+                    job.down(&b)
+                };
+                bad += check(&what, &got, |i| reduce_at(op, n, i, float), 0..c);
+                cases += 1;
+
+                // Reduce-scatter.
+                let what = tag(&format!("reduce_scatter {op:?}"));
+                let input_v = inputs::<T>(r, n * c);
+                let (got, at) = if in_place {
+                    let mut b = job.up(&input_v);
+                    job.comm
+                        .reduce_scatter(&mut [Io::in_place(&mut b)], c, op, &s)
+                        .expect(&what);
+                    (job.down(&b), r * c)
+                } else {
+                    let a = job.up(&input_v);
+                    let mut b = job.zeros::<T>(c);
+                    job.comm
+                        .reduce_scatter(&mut [Io::out_of_place(&a, &mut b)], c, op, &s)
+                        .expect(&what);
+                    (job.down(&b), 0)
+                };
+                bad += check(
+                    &what,
+                    &got,
+                    |i| reduce_at(op, n, r * c + i, float),
+                    at..at + c,
+                );
+                cases += 1;
+
+                // Reduce to each root.
+                for root in [0, n - 1] {
+                    let what = tag(&format!("reduce {op:?} root {root}"));
+                    let input_v = inputs::<T>(r, c);
+                    let got = if in_place {
+                        let mut b = job.up(&input_v);
+                        job.comm
+                            .reduce(&mut [Io::in_place(&mut b)], c, op, root, &s)
+                            .expect(&what);
+                        job.down(&b)
+                    } else {
+                        let a = job.up(&input_v);
+                        let mut b = job.zeros::<T>(c);
+                        job.comm
+                            .reduce(&mut [Io::out_of_place(&a, &mut b)], c, op, root, &s)
+                            .expect(&what);
+                        job.down(&b)
+                    };
+                    if r == root {
+                        bad += check(&what, &got, |i| reduce_at(op, n, i, float), 0..c);
+                    }
+                    cases += 1;
+                }
+            }
+
+            // All-gather.
+            let what = tag("all_gather");
+            let mine = inputs::<T>(r, c);
+            let got = if in_place {
+                let mut full = vec![T::from_small(99); n * c];
+                full[r * c..(r + 1) * c].copy_from_slice(&mine);
+                let mut b = job.up(&full);
+                job.comm
+                    .all_gather(&mut [Io::in_place(&mut b)], c, &s)
+                    .expect(&what);
+                job.down(&b)
+            } else {
+                let a = job.up(&mine);
+                let mut b = job.zeros::<T>(n * c);
+                job.comm
+                    .all_gather(&mut [Io::out_of_place(&a, &mut b)], c, &s)
+                    .expect(&what);
+                job.down(&b)
+            };
+            bad += check(
+                &what,
+                &got,
+                |k| input(k / c.max(1), k % c.max(1)) as f64,
+                0..n * c,
+            );
+            cases += 1;
+
+            // All-to-all (out of place only, as in NCCL).
+            if !in_place {
+                let what = tag("all_to_all");
+                let a = job.up(&inputs::<T>(r, n * c));
+                let mut b = job.zeros::<T>(n * c);
+                job.comm
+                    .all_to_all(&mut [Io::out_of_place(&a, &mut b)], c, &s)
+                    .expect(&what);
+                let got = job.down(&b);
+                bad += check(
+                    &what,
+                    &got,
+                    |k| input(k / c.max(1), r * c + k % c.max(1)) as f64,
+                    0..n * c,
+                );
+                cases += 1;
+            }
+
+            for root in [0, n - 1] {
+                // Broadcast.
+                let what = tag(&format!("broadcast root {root}"));
+                let got = if r == root && !in_place {
+                    let a = job.up(&inputs::<T>(r, c));
+                    let mut b = job.zeros::<T>(c);
+                    job.comm
+                        .broadcast(&mut [Io::out_of_place(&a, &mut b)], c, root, &s)
+                        .expect(&what);
+                    job.down(&b)
+                } else if r == root {
+                    let mut b = job.up(&inputs::<T>(r, c));
+                    job.comm
+                        .broadcast(&mut [Io::in_place(&mut b)], c, root, &s)
+                        .expect(&what);
+                    job.down(&b)
+                } else {
+                    let mut b = job.zeros::<T>(c);
+                    job.comm
+                        .broadcast(&mut [Io::recv_only(&mut b)], c, root, &s)
+                        .expect(&what);
+                    job.down(&b)
+                };
+                bad += check(&what, &got, |i| input(root, i) as f64, 0..c);
+                cases += 1;
+
+                // Gather.
+                let what = tag(&format!("gather root {root}"));
+                let mine = inputs::<T>(r, c);
+                if r == root {
+                    let got = if in_place {
+                        let mut full = vec![T::from_small(99); n * c];
+                        full[r * c..(r + 1) * c].copy_from_slice(&mine);
+                        let mut b = job.up(&full);
+                        job.comm
+                            .gather(&mut [Io::in_place(&mut b)], c, root, &s)
+                            .expect(&what);
+                        job.down(&b)
+                    } else {
+                        let a = job.up(&mine);
+                        let mut b = job.zeros::<T>(n * c);
+                        job.comm
+                            .gather(&mut [Io::out_of_place(&a, &mut b)], c, root, &s)
+                            .expect(&what);
+                        job.down(&b)
+                    };
+                    bad += check(
+                        &what,
+                        &got,
+                        |k| input(k / c.max(1), k % c.max(1)) as f64,
+                        0..n * c,
+                    );
+                } else {
+                    let a = job.up(&mine);
+                    job.comm
+                        .gather(&mut [Io::send_only(&a)], c, root, &s)
+                        .expect(&what);
+                    job.stream().synchronize().expect("synchronize");
+                }
+                cases += 1;
+
+                // Scatter.
+                let what = tag(&format!("scatter root {root}"));
+                if r == root {
+                    let all = inputs::<T>(r, n * c);
+                    let (got, at) = if in_place {
+                        let mut b = job.up(&all);
+                        job.comm
+                            .scatter(&mut [Io::in_place(&mut b)], c, root, &s)
+                            .expect(&what);
+                        (job.down(&b), r * c)
+                    } else {
+                        let a = job.up(&all);
+                        let mut b = job.zeros::<T>(c);
+                        job.comm
+                            .scatter(&mut [Io::out_of_place(&a, &mut b)], c, root, &s)
+                            .expect(&what);
+                        (job.down(&b), 0)
+                    };
+                    bad += check(&what, &got, |i| input(root, r * c + i) as f64, at..at + c);
+                } else {
+                    let mut b = job.zeros::<T>(c);
+                    job.comm
+                        .scatter(&mut [Io::recv_only(&mut b)], c, root, &s)
+                        .expect(&what);
+                    let got = job.down(&b);
+                    bad += check(&what, &got, |i| input(root, r * c + i) as f64, 0..c);
+                }
+                cases += 1;
+            }
+        }
+    }
+    (cases, bad)
+}
+
+/// One rank of a job: joins with the id from the environment (or alone, as a job of one rank)
+/// and checks every collective.
+#[test]
+#[ignore = "needs a CUDA GPU; started by every_collective_across_processes as each rank"]
+fn rank_of_a_job() {
+    let (comm, rank, n) = match std::env::var(ENV_ID) {
+        Ok(text) => {
+            let id: UniqueId = text.parse().expect("a unique id in the environment");
+            let rank: usize = std::env::var(ENV_RANK)
+                .expect("rank")
+                .parse()
+                .expect("rank");
+            let n: usize = std::env::var(ENV_NRANKS)
+                .expect("nranks")
+                .parse()
+                .expect("nranks");
+            (
+                Communicator::init_rank(n, &id, rank, rank).expect("init_rank"),
+                rank,
+                n,
+            )
+        }
+        Err(_) => {
+            let id = UniqueId::new().expect("a unique id");
+            (
+                Communicator::init_rank(1, &id, 0, 0).expect("init_rank"),
+                0,
+                1,
+            )
+        }
+    };
+    assert_eq!((comm.nranks(), comm.local_ranks()), (n, &[rank][..]));
+    let job = Job { comm, rank, n };
+    let t0 = Instant::now();
+    let mut cases = 0;
+    let mut bad = 0;
+    for (c, b) in [
+        check_type::<f32>(&job, true),
+        check_type::<bf16>(&job, true),
+        check_type::<i32>(&job, false),
+    ] {
+        cases += c;
+        bad += b;
+    }
+    job.comm.synchronize().expect("synchronize");
+    println!(
+        "rank {rank} of {n}: {cases} cases, {bad} wrong elements ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(bad, 0, "rank {rank}: wrong elements");
+}
+
+/// The ranks' processes of a job of every visible GPU (at most 8), each running
+/// `rank_of_a_job`.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn every_collective_across_processes() {
+    let ctx = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
+    let n = (ctx as usize).min(8);
+    assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
+    let id = UniqueId::new().expect("a unique id");
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut children: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .args([
+                    "rank_of_a_job",
+                    "--exact",
+                    "--include-ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(ENV_ID, id.to_string())
+                .env(ENV_RANK, r.to_string())
+                .env(ENV_NRANKS, n.to_string())
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn a rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut status = vec![None; n];
+    while status.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (r, child) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                status[r] = child.try_wait().expect("wait for a rank");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (r, child) in children.iter_mut().enumerate() {
+        if status[r].is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    for (r, s) in status.iter().enumerate() {
+        match s {
+            Some(s) if s.success() => {}
+            Some(s) => panic!("rank {r} failed: {s}"),
+            None => panic!("rank {r} did not finish within 240 s"),
+        }
+    }
+    println!("{n} processes: every rank passed");
+}
