@@ -91,6 +91,13 @@ fn large_all_gathers_and_send_recv_around_a_ring() {
 }
 
 #[test]
+fn bootstrap_can_be_shared_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Bootstrap>();
+    send_sync::<UniqueId>();
+}
+
+#[test]
 fn bad_peers_are_invalid_arguments() {
     let id = loopback_id();
     let b = Bootstrap::join(&id, 1, 0, Duration::from_secs(5)).unwrap();
