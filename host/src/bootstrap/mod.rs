@@ -60,7 +60,8 @@
 //!    accepts every higher one. A full mesh is one socket per peer in each rank: simple, and
 //!    fine up to a few hundred ranks ([`MAX_RANKS`](crate::bootstrap::MAX_RANKS) at most, and the process's descriptor
 //!    limit must allow `nranks` sockets per rank in it). A refused connection means the peer
-//!    is gone ([`BootstrapFailure::PeerLost`]).
+//!    is gone ([`BootstrapFailure::PeerLost`]); a peer that never connects is a
+//!    [`BootstrapFailure::Timeout`] naming it.
 //! 5. A barrier over the mesh ends the join: it returns on every rank, or fails.
 //!
 //! The key only keeps strays out; it is not authentication.
