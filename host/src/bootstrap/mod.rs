@@ -5,16 +5,16 @@
 //!
 //! * [`UniqueId`]: 128 bytes naming one world's rendezvous service (its address and a random
 //!   key), like `ncclUniqueId`. [`UniqueId::new`] starts the service in a background thread.
-//! * [`Bootstrap::join`]: every rank (thread or process) joins with the same id; the result
-//!   offers [`Bootstrap::all_gather`], [`Bootstrap::barrier`], [`Bootstrap::send`] and
-//!   [`Bootstrap::recv`].
-//! * [`LaunchEnv`]: the launcher conventions (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! * [`Bootstrap::join`](crate::bootstrap::Bootstrap::join): every rank (thread or process) joins with the same id; the result
+//!   offers [`Bootstrap::all_gather`](crate::bootstrap::Bootstrap::all_gather), [`Bootstrap::barrier`](crate::bootstrap::Bootstrap::barrier), [`Bootstrap::send`](crate::bootstrap::Bootstrap::send) and
+//!   [`Bootstrap::recv`](crate::bootstrap::Bootstrap::recv).
+//! * [`LaunchEnv`](crate::bootstrap::LaunchEnv): the launcher conventions (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //!   `MASTER_ADDR`, `MASTER_PORT`, `RINGCCL_COMM_ID`), from which every process computes the
 //!   same id without exchanging it. The `ringccl-run` binary starts such processes.
 //!
-//! Every failure is an [`Error::Bootstrap`](crate::Error::Bootstrap) with a
+//! Every failure is an [`Error::Bootstrap`] with a
 //! [`BootstrapFailure`]; every socket read, write and connect has a deadline, so nothing
-//! waits longer than the timeout given to [`Bootstrap::join`].
+//! waits longer than the timeout given to [`Bootstrap::join`](crate::bootstrap::Bootstrap::join).
 //!
 //! # Protocol (version 1)
 //!
@@ -25,7 +25,7 @@
 //! | 8 | magic `RCCLBOOT` (anything else is rejected as [`BootstrapFailure::Protocol`]) |
 //! | 2 | protocol version (another is [`BootstrapFailure::WrongVersion`]) |
 //! | 1 | kind: 1 hello, 2 table, 3 failure, 4 peer hello, 5 data |
-//! | 4 | body length (at most 64 KiB + 23 B per rank for control frames, [`MAX_DATA`] + 1 for data) |
+//! | 4 | body length (at most 64 KiB + 23 B per rank for control frames, [`MAX_DATA`](crate::bootstrap::MAX_DATA) + 1 for data) |
 //!
 //! An address is 23 bytes: family (4 or 6), port (u16), IP (16 bytes, IPv4 in the first 4),
 //! IPv6 scope (u32). The bodies:
@@ -58,9 +58,10 @@
 //!    ends.
 //! 4. The ranks build a full mesh: each connects to every lower rank (sending a peer hello) and
 //!    accepts every higher one. A full mesh is one socket per peer in each rank: simple, and
-//!    fine up to a few hundred ranks ([`MAX_RANKS`] at most, and the process's descriptor
+//!    fine up to a few hundred ranks ([`MAX_RANKS`](crate::bootstrap::MAX_RANKS) at most, and the process's descriptor
 //!    limit must allow `nranks` sockets per rank in it). A refused connection means the peer
-//!    is gone ([`BootstrapFailure::PeerLost`]).
+//!    is gone ([`BootstrapFailure::PeerLost`]); a peer that never connects is a
+//!    [`BootstrapFailure::Timeout`] naming it.
 //! 5. A barrier over the mesh ends the join: it returns on every rank, or fails.
 //!
 //! The key only keeps strays out; it is not authentication.
