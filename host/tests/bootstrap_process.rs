@@ -35,20 +35,23 @@ fn rank_entry() {
     println!("rank {} of {}: gathered", env.rank, env.world_size);
 }
 
-/// The launcher: where cargo built it, or in `../bin` next to this test binary when the tests
-/// were copied elsewhere; `None` (the test is skipped, saying so) when neither exists.
+/// The launcher: where cargo built it (cargo builds it for this test), or in `../bin` next to
+/// this test binary when the tests were copied elsewhere (`cargo xtask gpu-bundle` names it
+/// `bin-ringccl-run`). Its absence fails the test.
 fn launcher() -> Option<PathBuf> {
     let built = PathBuf::from(env!("CARGO_BIN_EXE_ringccl-run"));
-    let copied = std::env::current_exe()
+    let bin = std::env::current_exe()
         .ok()
-        .and_then(|me| Some(me.parent()?.parent()?.join("bin").join("ringccl-run")));
-    let found = [Some(built), copied]
-        .into_iter()
-        .flatten()
-        .find(|p| p.is_file());
-    if found.is_none() {
-        eprintln!("skipped: the ringccl-run binary is not where it was built nor in ../bin");
-    }
+        .and_then(|me| Some(me.parent()?.parent()?.join("bin")));
+    let copied = bin
+        .iter()
+        .flat_map(|b| [b.join("ringccl-run"), b.join("bin-ringccl-run")])
+        .collect::<Vec<_>>();
+    let found = std::iter::once(built).chain(copied).find(|p| p.is_file());
+    assert!(
+        found.is_some(),
+        "the ringccl-run binary is neither where cargo built it nor in ../bin"
+    );
     found
 }
 
