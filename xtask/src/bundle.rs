@@ -10,8 +10,9 @@ use cargo_metadata::{Message, TargetKind};
 use crate::ptx::{workspace_root, ARCHES};
 
 /// A guard on the bundle's size: every binary embeds the PTX, so an unexpected binary or PTX
-/// that is no longer deflated shows up here (the error lists each binary's size).
-pub const MAX_BUNDLE_BYTES: u64 = 60_000_000;
+/// that is no longer deflated shows up here (the error lists each binary's size). About 68 MB
+/// with the 20 binaries of today (each embeds the deflated PTX, about 1 MB).
+pub const MAX_BUNDLE_BYTES: u64 = 100_000_000;
 
 /// One executable cargo built.
 #[derive(Clone, Debug, PartialEq, Eq)]
