@@ -96,7 +96,7 @@ pub mod internals {
 }
 
 pub use api::{DeviceSlice, DeviceSliceMut, Io, RawBuf, SendRecv};
-pub use bootstrap::{BootstrapFailure, UniqueId};
+pub use bootstrap::{BootstrapFailure, LaunchEnv, UniqueId};
 pub use comm::Communicator;
 pub use config::{Algorithm, Config, DebugLevel};
 pub use driver::device_count;

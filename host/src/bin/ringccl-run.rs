@@ -7,7 +7,7 @@
 //! Each of the N children gets `RANK`, `LOCAL_RANK` (both its rank), `WORLD_SIZE` and
 //! `LOCAL_WORLD_SIZE` (N), `MASTER_ADDR` (A, default `127.0.0.1`) and `MASTER_PORT`.
 //! ringccl's rendezvous listens on `MASTER_PORT` + 1 (the `torchrun` convention, see
-//! `ringccl::bootstrap::LaunchEnv`). Without `--master-port`, the launcher asks the system for
+//! `ringccl::LaunchEnv`). Without `--master-port`, the launcher asks the system for
 //! a free port F (binding port 0, then closing it) and sets `MASTER_PORT` = F − 1, so that the
 //! rendezvous lands on F. `RINGCCL_COMM_ID` is removed from the children's environment (it
 //! would win over these variables).

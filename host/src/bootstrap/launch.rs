@@ -35,7 +35,7 @@ const FROM_MASTER: &str = "MASTER_ADDR/MASTER_PORT";
 /// Blank variables count as unset; values are trimmed.
 ///
 /// ```
-/// use ringccl::bootstrap::LaunchEnv;
+/// use ringccl::LaunchEnv;
 /// let vars = |name: &str| match name {
 ///     "RANK" => Some("1".to_string()),
 ///     "WORLD_SIZE" => Some("4".to_string()),
@@ -70,7 +70,7 @@ impl LaunchEnv {
     /// Unicode is an [`Error::Config`]).
     ///
     /// ```
-    /// match ringccl::bootstrap::LaunchEnv::from_env()? {
+    /// match ringccl::LaunchEnv::from_env()? {
     ///     Some(env) => println!("rank {} of {}", env.rank, env.world_size),
     ///     None => println!("not started by a launcher"),
     /// }
@@ -96,7 +96,7 @@ impl LaunchEnv {
     /// the variable when one is set but not understood, or when a needed one is missing.
     ///
     /// ```
-    /// use ringccl::{bootstrap::LaunchEnv, Error};
+    /// use ringccl::{Error, LaunchEnv};
     /// assert_eq!(LaunchEnv::from_lookup(|_| None)?, None);
     ///
     /// let env = LaunchEnv::from_lookup(|name| match name {
@@ -176,7 +176,7 @@ impl LaunchEnv {
     /// so call it once per process. A host that does not resolve is an [`Error::Config`].
     ///
     /// ```no_run
-    /// let env = ringccl::bootstrap::LaunchEnv::from_env()?.expect("started by a launcher");
+    /// let env = ringccl::LaunchEnv::from_env()?.expect("started by a launcher");
     /// let id = env.unique_id()?;
     /// # Ok::<(), ringccl::Error>(())
     /// ```
@@ -213,7 +213,7 @@ impl LaunchEnv {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// let env = ringccl::bootstrap::LaunchEnv::from_env()?.expect("started by a launcher");
+    /// let env = ringccl::LaunchEnv::from_env()?.expect("started by a launcher");
     /// let boot = env.join(Duration::from_secs(60))?;
     /// let ranks = boot.all_gather(&[env.rank as u8])?;
     /// # Ok::<(), ringccl::Error>(())
