@@ -453,3 +453,34 @@ fn every_collective_across_processes() {
     }
     println!("{n} processes: every rank passed");
 }
+
+/// Two ranks as two threads of this process (like `ncclCommInitRank` per device from threads):
+/// the ranks reach each other's buffers by address with peer access instead of CUDA IPC.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn ranks_as_threads_of_one_process() {
+    let ctx = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
+    assert!(ctx >= 2, "this test needs 2+ CUDA GPUs; {ctx} visible");
+    let id = UniqueId::new().expect("a unique id");
+    let results: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let comm = Communicator::init_rank(2, &id, rank, rank).expect("init_rank");
+                    let job = Job { comm, rank, n: 2 };
+                    let (c, b) = check_type::<f32>(&job, true);
+                    job.comm.synchronize().expect("synchronize");
+                    (c, b)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect()
+    });
+    for (rank, (cases, bad)) in results.iter().enumerate() {
+        println!("thread rank {rank}: {cases} cases, {bad} wrong elements");
+        assert_eq!(*bad, 0, "rank {rank}: wrong elements");
+    }
+}
