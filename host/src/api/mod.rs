@@ -49,6 +49,21 @@ fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> Vec<usize> {
     streams.iter().map(|s| s.as_ref().context().ordinal()).collect()
 }
 
+/// cudarc's event tracking of the call's buffers (see [`buffer`]): each rank's stream waits for
+/// earlier tracked accesses now; the returned guards record this call's accesses when dropped,
+/// after everything is enqueued.
+fn track<'s, T, S: AsRef<CudaStream>>(
+    io: &'s mut [Io<'_, T>],
+    streams: &'s [S],
+    ptrs: &[validate::Ptrs],
+) -> Vec<[SyncOnDrop<'s>; 2]> {
+    io.iter_mut()
+        .zip(streams)
+        .zip(ptrs)
+        .map(|((io, s), p)| io.track(s.as_ref(), p.reads_send, p.writes_recv))
+        .collect()
+}
+
 impl Communicator {
     /// The devices of the ranks held here, in [`Communicator::local_ranks`] order.
     fn devices(&self) -> Vec<usize> {
@@ -140,12 +155,7 @@ impl Communicator {
         // (A one-shot rank's kernel ends only after every peer is done reading its input, so
         // the record on its own stream covers the call too.)
         let capturing = exec::capturing(streams)?;
-        let guards: Vec<[SyncOnDrop<'_>; 2]> = io
-            .iter_mut()
-            .zip(streams)
-            .zip(&checked.ptrs)
-            .map(|((io, s), p)| io.track(s.as_ref(), p.reads_send, p.writes_recv))
-            .collect();
+        let guards = track(io, streams, &checked.ptrs);
         let mut call = self.begin_call();
         let result = match &prepared {
             Some(p) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
@@ -210,12 +220,7 @@ impl Communicator {
         if let Collective::AllReduce { count } = c {
             if tuning::all_reduce_algorithm(max_bytes, n, true, config) == Algorithm::OneShot {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
-                let guards: Vec<[SyncOnDrop<'_>; 2]> = io
-                    .iter_mut()
-                    .zip(streams)
-                    .zip(&checked.ptrs)
-                    .map(|((io, s), q)| io.track(s.as_ref(), q.reads_send, q.writes_recv))
-                    .collect();
+                let guards = track(io, streams, &checked.ptrs);
                 let mut state = p.lock();
                 let mut call = exec::process::ProcessCall {
                     me,
@@ -263,12 +268,7 @@ impl Communicator {
                 .map_err(|e| crate::Error::cuda("cuEventSynchronize", Some(p.rank), e))?;
             state.windows.grow_scratch(need, &p.boot)?;
         }
-        let guards: Vec<[SyncOnDrop<'_>; 2]> = io
-            .iter_mut()
-            .zip(streams)
-            .zip(&checked.ptrs)
-            .map(|((io, s), q)| io.track(s.as_ref(), q.reads_send, q.writes_recv))
-            .collect();
+        let guards = track(io, streams, &checked.ptrs);
         let mut call = exec::process::ProcessCall {
             me,
             state: &mut state,
