@@ -572,6 +572,13 @@ impl Drop for Communicator {
         for (rank, st) in self.ranks.iter().zip(state.iter()) {
             rank.ctx.record_err(st.end.synchronize());
         }
+        // A rank of a job of processes: its last call's end also means every peer is done with
+        // this rank's scratch and flags (the call's end waits for the peers' last touches), so
+        // the windows can be unmapped and freed after it.
+        if let (Some(p), Some(rank)) = (&mut self.process, self.ranks.first()) {
+            let st = p.state.get_mut().unwrap_or_else(|e| e.into_inner());
+            rank.ctx.record_err(st.end.synchronize());
+        }
     }
 }
 
