@@ -214,6 +214,7 @@ fn load_code(ctx: &Arc<CudaContext>, code: KernelCode) -> Result<Arc<CudaModule>
 pub struct Kernels {
     /// The rank these kernels serve (labels errors).
     pub(crate) rank: Option<usize>,
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     code: KernelCode,
     functions: Vec<CudaFunction>,
     max_threads: Vec<u32>,
@@ -317,6 +318,7 @@ impl Kernels {
     }
 
     /// What was loaded: the device's cubin, or PTX the driver JIT-compiled.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn code(&self) -> KernelCode {
         self.code
     }
