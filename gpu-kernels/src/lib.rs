@@ -11,7 +11,10 @@
 //! * [`entry`]: the one list of `extern "ptx-kernel"` entry points, one per primitive × type
 //!   (× operator). On nvptx64 it expands into the kernels (their shapes are in `kernels`), on
 //!   the host into [`ENTRY_POINTS`], their names and signatures, with [`entry::entry_index`]
-//!   to find one; `cargo xtask build-ptx` compiles the kernels and the host crate embeds the PTX.
+//!   to find one; `cargo xtask build-ptx` compiles the kernels to PTX and assembles each PTX
+//!   into a cubin;
+//! * [`artifacts`] (host only): that PTX and those cubins, shipped in this package
+//!   (compressed) for the host crate to embed.
 //!
 //! ```
 //! use gpu_kernels::{op::Sum, prim::{reduce_copy, Grid}};
@@ -31,6 +34,8 @@
     feature(abi_ptx, stdarch_nvptx, f16, asm_experimental_arch)
 )]
 
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod artifacts;
 pub mod element;
 pub mod entry;
 pub mod oneshot;

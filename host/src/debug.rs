@@ -27,6 +27,12 @@ pub(crate) fn emit(configured: DebugLevel, level: DebugLevel, args: fmt::Argumen
     log::log!(target: "ringccl", log_level, "{args}");
 }
 
+/// Reports a warning that no communicator's configuration governs (how the kernels were
+/// loaded): on stderr whatever `RINGCCL_DEBUG` says, and through the `log` facade.
+pub(crate) fn warn(args: fmt::Arguments<'_>) {
+    emit(DebugLevel::Warn, DebugLevel::Warn, args);
+}
+
 /// `report!(config_level, Info, "format", args…)`.
 macro_rules! report {
     ($configured:expr, $level:ident, $($arg:tt)*) => {
@@ -52,5 +58,6 @@ mod tests {
             }
         }
         report!(DebugLevel::Off, Info, "macro form {}", 2);
+        warn(format_args!("unconditional warning {}", 3));
     }
 }

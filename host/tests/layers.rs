@@ -49,7 +49,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "transport",
         &["config", "debug", "driver", "error", "schedule"],
     ),
-    ("driver", &["dtype", "error"]),
+    ("driver", &["debug", "dtype", "error"]),
     ("plan", &["config", "dtype", "error", "kind", "schedule"]),
     ("bootstrap", &["error"]),
     ("sim", &["schedule"]),

@@ -1,5 +1,5 @@
-//! `cargo xtask gpu-bundle [--out DIR]`: release test, bench and example binaries plus the PTX in
-//! one folder, with a `run-all.sh`, to copy to a GPU machine that needs no Rust toolchain.
+//! `cargo xtask gpu-bundle [--out DIR]`: release test, bench and example binaries plus the
+//! compressed PTX and cubins in one folder, with a `run-all.sh`, to copy to a GPU machine that needs no Rust toolchain.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -7,11 +7,11 @@ use std::process::{Command, Stdio};
 
 use cargo_metadata::{Message, TargetKind};
 
-use crate::ptx::{workspace_root, ARCHES};
+use crate::ptx::{workspace_root, zst_name, ARCHES};
 
-/// A guard on the bundle's size: every binary embeds the PTX, so an unexpected binary or PTX
-/// that is no longer deflated shows up here (the error lists each binary's size). About 68 MB
-/// with the 20 binaries of today (each embeds the deflated PTX, about 1 MB).
+/// A guard on the bundle's size: every binary that links ringccl embeds the compressed PTX and
+/// cubins (about 2 MB), so an unexpected binary or kernels that are no longer compressed show
+/// up here (the error lists each binary's size).
 pub const MAX_BUNDLE_BYTES: u64 = 100_000_000;
 
 /// One executable cargo built.
@@ -245,11 +245,13 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
     let out = out.unwrap_or_else(|| root.join("gpu-bundle"));
     let ptx_dir = root.join("gpu-kernels").join("ptx");
     for a in ARCHES {
-        if !ptx_dir.join(a.file).is_file() {
-            return Err(format!(
-                "{} is missing: run `cargo xtask build-ptx` first",
-                ptx_dir.join(a.file).display()
-            ));
+        for file in [zst_name(a.file), zst_name(a.cubin)] {
+            if !ptx_dir.join(&file).is_file() {
+                return Err(format!(
+                    "{} is missing: run `cargo xtask build-ptx` first",
+                    ptx_dir.join(&file).display()
+                ));
+            }
         }
     }
 
@@ -265,7 +267,7 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
             "--message-format=json-render-diagnostics",
         ],
     )?;
-    // Every binary that links the host library embeds both PTX files (about 11 MB): leave out
+    // Every binary that links the host library embeds the compressed kernels (about 2 MB): leave out
     // the test binaries that hold no test at all.
     let (tests, empty): (Vec<Artifact>, Vec<Artifact>) = tests
         .into_iter()
@@ -370,28 +372,12 @@ pub fn gpu_bundle(out: Option<PathBuf>) -> Result<(), String> {
     let ptx_out = out.join("ptx");
     fs::create_dir_all(&ptx_out)
         .map_err(|e| format!("cannot create {}: {e}", ptx_out.display()))?;
-    // The binaries embed the PTX; this copy is for inspection (ptxas, cuobjdump) on the GPU
-    // machine, gzipped when gzip exists (11 MB of text become about 1 MB).
-    let gzip = on_path("gzip");
+    // The binaries embed the kernels; this copy (zstd-compressed, as committed: `zstd -d`
+    // unpacks them) is for inspection (cuobjdump, nvdisasm, ptxas) on the GPU machine.
     for a in ARCHES {
-        let src = ptx_dir.join(a.file);
-        let zipped = gzip.as_ref().is_some_and(|gz| {
-            fs::File::create(ptx_out.join(format!("{}.gz", a.file)))
-                .ok()
-                .and_then(|f| {
-                    Command::new(gz)
-                        .args(["-9", "-n", "-c"])
-                        .arg(&src)
-                        .stdout(f)
-                        .status()
-                        .ok()
-                })
-                .is_some_and(|s| s.success())
-        });
-        if !zipped {
-            let _ = fs::remove_file(ptx_out.join(format!("{}.gz", a.file)));
-            fs::copy(&src, ptx_out.join(a.file))
-                .map_err(|e| format!("cannot copy {}: {e}", a.file))?;
+        for file in [zst_name(a.file), zst_name(a.cubin)] {
+            fs::copy(ptx_dir.join(&file), ptx_out.join(&file))
+                .map_err(|e| format!("cannot copy {file}: {e}"))?;
         }
     }
     let script = out.join("run-all.sh");

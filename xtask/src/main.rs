@@ -1,8 +1,10 @@
 //! ringccl's build driver: `cargo xtask <command>`.
 //!
-//! * `build-ptx [--check]`: compile `gpu-kernels` to `gpu-kernels/ptx/ringccl_sm{90,80}.ptx`
-//!   (with `--check`: build, check, and compare with the committed files instead of writing).
-//! * `gpu-bundle [--out DIR]`: release test/bench binaries + PTX + `run-all.sh` for a GPU machine.
+//! * `build-ptx [--check]`: compile `gpu-kernels` to `gpu-kernels/ptx/ringccl_sm{90,80}.ptx`,
+//!   assemble each into a cubin with ptxas, and write the zstd-compressed PTX and cubins next to
+//!   them (with `--check`: build, check, and compare with the committed files instead).
+//! * `gpu-bundle [--out DIR]`: release test/bench binaries + kernels + `run-all.sh` for a GPU
+//!   machine.
 
 mod bundle;
 mod ptx;
@@ -13,10 +15,11 @@ use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
-  build-ptx [--check]     compile gpu-kernels to gpu-kernels/ptx/ringccl_sm90.ptx and ringccl_sm80.ptx;
-                          --check: build and compare with the committed PTX instead of writing it
-  gpu-bundle [--out DIR]  release test and bench binaries + PTX + run-all.sh in DIR (default gpu-bundle/)
-environment: RINGCCL_PTX_RUSTC (nvptx compiler), PTXAS (ptxas to check registers/spills)";
+  build-ptx [--check]     compile gpu-kernels to gpu-kernels/ptx/ringccl_sm{90,80}.ptx, assemble the
+                          cubins with ptxas, write the compressed PTX and cubins (*.zst, cubins.txt);
+                          --check: build and compare with the committed files instead of writing them
+  gpu-bundle [--out DIR]  release test and bench binaries + kernels + run-all.sh in DIR (default gpu-bundle/)
+environment: RINGCCL_PTX_RUSTC (nvptx compiler), PTXAS (ptxas: cubins, register/spill checks)";
 
 fn run(args: &[String]) -> Result<(), String> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -1,4 +1,8 @@
-//! `cargo xtask build-ptx [--check]`: compiles `gpu-kernels` to PTX for sm_90 and sm_80.
+//! `cargo xtask build-ptx [--check]`: compiles `gpu-kernels` to PTX for sm_90 and sm_80,
+//! assembles each PTX into a cubin with `ptxas -O3`, and writes (or, with `--check`, compares)
+//! the files under `gpu-kernels/ptx/`: the PTX (for review), the PTX and cubins
+//! zstd-compressed (what the `gpu-kernels` package ships and ringccl embeds) and `cubins.txt`
+//! (which ptxas and which PTX each cubin came from).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -6,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
+use gpu_kernels::artifacts::{cubin_source, fnv1a64, CUBINS_FILE};
 use gpu_kernels::ENTRY_POINTS;
 
 use crate::ptxas;
@@ -17,8 +22,10 @@ pub struct Arch {
     pub sm: &'static str,
     /// Extra `--cfg` for the kernels.
     pub cfg: Option<&'static str>,
-    /// File name under `gpu-kernels/ptx/`.
+    /// The PTX's file name under `gpu-kernels/ptx/`.
     pub file: &'static str,
+    /// The cubin's file name (committed compressed, as `<cubin>.zst`).
+    pub cubin: &'static str,
     /// Target directory under `target/`.
     pub target_dir: &'static str,
 }
@@ -28,18 +35,51 @@ pub const ARCHES: [Arch; 2] = [
         sm: "sm_90",
         cfg: Some("ringccl_sm90"),
         file: "ringccl_sm90.ptx",
+        cubin: "ringccl_sm90.cubin",
         target_dir: "ptx-sm90",
     },
     Arch {
         sm: "sm_80",
         cfg: None,
         file: "ringccl_sm80.ptx",
+        cubin: "ringccl_sm80.cubin",
         target_dir: "ptx-sm80",
     },
 ];
 
 /// Records which compiler produced the committed PTX (informational; not compared by `--check`).
 const COMPILER_FILE: &str = "compiler.txt";
+
+/// `ptxas` flags besides `-arch` and `-v`. ptxas records its flags in the cubin (section
+/// `.note.nv.tkinfo`), so the same flags are part of what makes the output reproducible.
+pub const PTXAS_FLAGS: [&str; 1] = ["-O3"];
+
+/// zstd level of the committed `.zst` files (19: about 2 MB for all four; decoding is as fast
+/// at any level).
+const ZSTD_LEVEL: i32 = 19;
+
+/// The compressed file's name: `<file>.zst`.
+pub fn zst_name(file: &str) -> String {
+    format!("{file}.zst")
+}
+
+/// One zstd frame with the content size and a content checksum (the host checks both).
+pub fn compress(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    let err = |e: std::io::Error| format!("zstd compression failed: {e}");
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), ZSTD_LEVEL).map_err(err)?;
+    enc.include_checksum(true).map_err(err)?;
+    enc.include_contentsize(true).map_err(err)?;
+    enc.set_pledged_src_size(Some(bytes.len() as u64))
+        .map_err(err)?;
+    enc.write_all(bytes).map_err(err)?;
+    enc.finish().map_err(err)
+}
+
+/// Decompresses a `.zst` file.
+pub fn decompress(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    zstd::stream::decode_all(bytes).map_err(|e| format!("not a valid zstd file: {e}"))
+}
 
 const TARGET: &str = "nvptx64-nvidia-cuda";
 
@@ -378,7 +418,8 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
     }
     println!("built in {}", secs(start));
 
-    // Everything is checked in a scratch folder first; only checked PTX reaches gpu-kernels/ptx.
+    // Everything is checked in a scratch folder first; only checked output reaches
+    // gpu-kernels/ptx.
     let scratch = root.join("target").join("ptx-out");
     fs::create_dir_all(&scratch)
         .map_err(|e| format!("cannot create {}: {e}", scratch.display()))?;
@@ -396,7 +437,7 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
             text.len()
         );
     }
-    errors.extend(run_ptxas(&paths, &scratch)?);
+    let assembled = run_ptxas(&paths, &scratch, &texts, &mut errors)?;
 
     let committed_dir = root.join("gpu-kernels").join("ptx");
     if !errors.is_empty() {
@@ -407,22 +448,23 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
             errors.join("\n")
         ));
     }
+    let expected = expected_files(&texts, assembled.as_ref());
+    let read = |name: &str| fs::read(committed_dir.join(name)).ok();
+    let no_ptxas = "cubins NOT rebuilt: ptxas was not found, so the committed cubins were \
+                    neither rebuilt nor compared byte for byte";
     if check {
-        let stale: Vec<&str> = ARCHES
-            .iter()
-            .zip(&texts)
-            .filter(|(a, t)| {
-                fs::read_to_string(committed_dir.join(a.file))
-                    .ok()
-                    .as_deref()
-                    != Some(t.as_str())
-            })
-            .map(|(a, _)| a.file)
+        let mut stale: Vec<String> = stale_files(&expected, read)
+            .into_iter()
+            .map(|(file, problem)| format!("{file}: {problem}"))
             .collect();
+        if assembled.is_none() {
+            stale.extend(cubin_provenance(read(CUBINS_FILE).as_deref(), &texts));
+        }
         if !stale.is_empty() {
             let mut msg = format!(
-                "stale PTX: run `cargo xtask build-ptx` and commit\n  differs: {} (fresh build in {})",
-                stale.join(", "),
+                "stale kernels: run `cargo xtask build-ptx` and commit gpu-kernels/ptx\n  {}\n  \
+                 (fresh build in {})",
+                stale.join("\n  "),
                 scratch.display()
             );
             if let Ok(recorded) = fs::read_to_string(committed_dir.join(COMPILER_FILE)) {
@@ -435,54 +477,245 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
                     );
                 }
             }
+            if assembled.is_none() {
+                msg += "\n  note: rebuilding the cubins needs ptxas: `python3 -m pip install \
+                        --no-deps --target DIR nvidia-cuda-nvcc==13.0.88`, then \
+                        PTXAS=DIR/nvidia/cu13/bin/ptxas";
+            }
+            if let (Some(fresh), Some(recorded)) = (&assembled, read(CUBINS_FILE)) {
+                let recorded = String::from_utf8_lossy(&recorded);
+                if !recorded.contains(&format!("({})", fresh.ptxas_version)) {
+                    msg += &format!(
+                        "\n  note: the committed cubins were not built by this ptxas ({}); \
+                         another ptxas gives other cubins",
+                        fresh.ptxas_version
+                    );
+                }
+            }
             return Err(msg);
         }
-        println!("PTX up to date: {}", ARCHES.map(|a| a.file).join(", "));
+        let names: Vec<&str> = expected.iter().map(|e| e.file.as_str()).collect();
+        println!("up to date: {}", names.join(", "));
+        if assembled.is_none() {
+            eprintln!(
+                "warning: {no_ptxas}; checked only that {CUBINS_FILE} records them as built \
+                 from this PTX"
+            );
+        }
     } else {
         fs::create_dir_all(&committed_dir)
             .map_err(|e| format!("cannot create {}: {e}", committed_dir.display()))?;
-        for (arch, text) in ARCHES.iter().zip(&texts) {
-            let dst = committed_dir.join(arch.file);
-            let same = fs::read_to_string(&dst).ok().as_deref() == Some(text.as_str());
-            fs::write(&dst, text).map_err(|e| format!("cannot write {}: {e}", dst.display()))?;
-            println!(
-                "wrote {} ({})",
-                dst.display(),
-                if same { "unchanged" } else { "updated" }
-            );
+        let stale = stale_files(&expected, read);
+        let writes: Vec<&Expected> = expected
+            .iter()
+            .filter(|e| stale.iter().any(|(file, _)| *file == e.file))
+            .collect();
+        // zstd -19 takes seconds per file: compress the changed files side by side.
+        let packed: Vec<Result<Vec<u8>, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = writes
+                .iter()
+                .map(|e| {
+                    s.spawn(move || {
+                        if e.zst {
+                            compress(&e.content)
+                        } else {
+                            Ok(e.content.clone())
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("compression thread panicked".to_string()))
+                })
+                .collect()
+        });
+        for (e, bytes) in writes.iter().zip(packed) {
+            let dst = committed_dir.join(&e.file);
+            let bytes = bytes?;
+            fs::write(&dst, &bytes)
+                .map_err(|err| format!("cannot write {}: {err}", dst.display()))?;
+            println!("wrote {} (updated, {} bytes)", dst.display(), bytes.len());
+        }
+        for e in expected
+            .iter()
+            .filter(|e| !writes.iter().any(|w| w.file == e.file))
+        {
+            println!("{}: unchanged", committed_dir.join(&e.file).display());
         }
         let dst = committed_dir.join(COMPILER_FILE);
         fs::write(&dst, format!("{}\n", compiler.version))
             .map_err(|e| format!("cannot write {}: {e}", dst.display()))?;
+        if assembled.is_none() {
+            let behind = cubin_provenance(read(CUBINS_FILE).as_deref(), &texts);
+            if behind.is_empty() {
+                eprintln!(
+                    "warning: {no_ptxas}; {CUBINS_FILE} records them as built from this PTX, \
+                     so they still match it"
+                );
+            } else {
+                eprintln!(
+                    "warning: {no_ptxas}, and they are now behind the PTX:\n  {}\n\
+                     rebuild where ptxas is found before committing (ringccl's tests and \
+                     `build-ptx --check` fail until then)",
+                    behind.join("\n  ")
+                );
+            }
+        }
     }
     Ok(())
 }
 
-/// Runs ptxas (when found) on each file; returns the problems found.
-fn run_ptxas(paths: &[PathBuf], scratch: &Path) -> Result<Vec<String>, String> {
+/// Fresh cubins and the `cubins.txt` that describes them.
+#[derive(Debug)]
+pub struct Assembled {
+    /// One cubin per entry of [`ARCHES`].
+    pub cubins: Vec<Vec<u8>>,
+    /// `ptxas --version`'s release line.
+    pub ptxas_version: String,
+}
+
+/// `cubins.txt` for cubins assembled by `ptxas_version` from `texts` (one per [`ARCHES`]).
+pub fn cubins_manifest(ptxas_version: &str, texts: &[String]) -> String {
+    let mut s = String::from(
+        "# Written by `cargo xtask build-ptx`: the ptxas that assembled each cubin and the PTX it \
+         came from (FNV-1a, 64 bits).\n",
+    );
+    for (arch, text) in ARCHES.iter().zip(texts) {
+        s += &format!(
+            "{} = ptxas -arch={} {} ({ptxas_version}) of {} fnv1a64:{:016x}\n",
+            arch.cubin,
+            arch.sm,
+            PTXAS_FLAGS.join(" "),
+            arch.file,
+            fnv1a64(text.as_bytes())
+        );
+    }
+    s
+}
+
+/// One file of `gpu-kernels/ptx/` as this build makes it.
+#[derive(Debug)]
+pub struct Expected {
+    /// File name under `gpu-kernels/ptx/`.
+    pub file: String,
+    /// Its content (decompressed, for a `.zst` file).
+    pub content: Vec<u8>,
+    /// Stored zstd-compressed.
+    pub zst: bool,
+}
+
+/// The files this build makes: each PTX raw and compressed and, when ptxas ran, each cubin
+/// compressed and `cubins.txt`.
+pub fn expected_files(texts: &[String], assembled: Option<&Assembled>) -> Vec<Expected> {
+    let mut out = Vec::new();
+    for (arch, text) in ARCHES.iter().zip(texts) {
+        out.push(Expected {
+            file: arch.file.to_string(),
+            content: text.as_bytes().to_vec(),
+            zst: false,
+        });
+        out.push(Expected {
+            file: zst_name(arch.file),
+            content: text.as_bytes().to_vec(),
+            zst: true,
+        });
+    }
+    if let Some(a) = assembled {
+        for (arch, cubin) in ARCHES.iter().zip(&a.cubins) {
+            out.push(Expected {
+                file: zst_name(arch.cubin),
+                content: cubin.clone(),
+                zst: true,
+            });
+        }
+        out.push(Expected {
+            file: CUBINS_FILE.to_string(),
+            content: cubins_manifest(&a.ptxas_version, texts).into_bytes(),
+            zst: false,
+        });
+    }
+    out
+}
+
+/// The expected files whose committed form (`read`) differs: (file name, what is wrong). A
+/// `.zst` file is compared decompressed, so recompressing an unchanged file (another
+/// zstd version) is not a change.
+pub fn stale_files(
+    expected: &[Expected],
+    read: impl Fn(&str) -> Option<Vec<u8>>,
+) -> Vec<(String, String)> {
+    let mut stale = Vec::new();
+    for e in expected {
+        let problem = match read(&e.file) {
+            None => Some("missing".to_string()),
+            Some(bytes) if e.zst => match decompress(&bytes) {
+                Ok(content) if content == e.content => None,
+                Ok(_) => Some("differs from the fresh build".to_string()),
+                Err(err) => Some(err),
+            },
+            Some(bytes) if bytes == e.content => None,
+            Some(_) => Some("differs from the fresh build".to_string()),
+        };
+        if let Some(p) = problem {
+            stale.push((e.file.clone(), p));
+        }
+    }
+    stale
+}
+
+/// Without fresh cubins: whether `manifest` (the committed `cubins.txt`) records each cubin as
+/// assembled from the PTX in `texts`; one line per cubin that is not.
+pub fn cubin_provenance(manifest: Option<&[u8]>, texts: &[String]) -> Vec<String> {
+    let manifest = manifest.map(String::from_utf8_lossy).unwrap_or_default();
+    ARCHES
+        .iter()
+        .zip(texts)
+        .filter_map(|(arch, text)| match cubin_source(&manifest, arch.cubin) {
+            Some((ptx, hash)) if ptx == arch.file && hash == fnv1a64(text.as_bytes()) => None,
+            Some((ptx, _)) if ptx == arch.file => Some(format!(
+                "{}: assembled from another {} than this build's",
+                zst_name(arch.cubin),
+                arch.file
+            )),
+            _ => Some(format!(
+                "{}: {CUBINS_FILE} does not say which PTX it came from",
+                zst_name(arch.cubin)
+            )),
+        })
+        .collect()
+}
+
+/// Runs ptxas (when found) on each file, adding the problems found to `errors`; returns the
+/// cubins, or `None` without ptxas.
+fn run_ptxas(
+    paths: &[PathBuf],
+    scratch: &Path,
+    texts: &[String],
+    errors: &mut Vec<String>,
+) -> Result<Option<Assembled>, String> {
     let Some(ptxas_path) = ptxas::find() else {
         let msg = "ptxas not found (set $PTXAS or put it on PATH; `pip install nvidia-cuda-nvcc` has one): \
-                   register/stack/spill checks skipped";
+                   no cubins built, register/stack/spill checks skipped";
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             return Err(format!("{msg}; CI=true requires them"));
         }
         eprintln!("warning: {msg}");
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let start = Instant::now();
-    println!(
-        "ptxas: {} ({})",
-        ptxas_path.display(),
-        ptxas::version(&ptxas_path)
-    );
+    let ptxas_version = ptxas::version(&ptxas_path);
+    println!("ptxas: {} ({ptxas_version})", ptxas_path.display());
     let reports: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = ARCHES
             .iter()
             .zip(paths)
             .map(|(arch, p)| {
                 let ptxas_path = &ptxas_path;
-                let cubin = scratch.join(format!("{}.cubin", arch.sm));
-                s.spawn(move || ptxas::run(ptxas_path, arch.sm, p, &cubin))
+                let cubin = scratch.join(arch.cubin);
+                s.spawn(move || ptxas::run(ptxas_path, arch.sm, &PTXAS_FLAGS, p, &cubin))
             })
             .collect();
         handles
@@ -493,18 +726,26 @@ fn run_ptxas(paths: &[PathBuf], scratch: &Path) -> Result<Vec<String>, String> {
             })
             .collect()
     });
-    let mut errors = Vec::new();
+    let mut cubins = Vec::new();
     for (arch, report) in ARCHES.iter().zip(reports) {
         match report {
-            Ok(report) => {
+            Ok((report, cubin)) => {
                 print!("{}", ptxas::register_table(arch.sm, ENTRY_POINTS, &report));
                 errors.extend(ptxas::check(arch.sm, ENTRY_POINTS, &report));
+                println!("{}: {} bytes", arch.cubin, cubin.len());
+                cubins.push(cubin);
             }
             Err(e) => errors.push(e),
         }
     }
-    println!("ptxas checks in {}", secs(start));
-    Ok(errors)
+    println!("ptxas in {}", secs(start));
+    if cubins.len() != ARCHES.len() || cubins.len() != texts.len() {
+        return Ok(None); // the errors say why
+    }
+    Ok(Some(Assembled {
+        cubins,
+        ptxas_version,
+    }))
 }
 
 #[cfg(test)]
@@ -589,5 +830,166 @@ mod tests {
             "{}",
             errors[1]
         );
+    }
+
+    fn texts() -> Vec<String> {
+        vec![
+            ".target sm_90\n// ptx 90\n".to_string(),
+            ".target sm_80\n// ptx 80\n".to_string(),
+        ]
+    }
+
+    fn assembled(cubins: [&[u8]; 2]) -> Assembled {
+        Assembled {
+            cubins: cubins.iter().map(|c| c.to_vec()).collect(),
+            ptxas_version: "Cuda compilation tools, release 13.0, V13.0.88".to_string(),
+        }
+    }
+
+    /// The files as `build-ptx` would commit them.
+    fn committed(expected: &[Expected]) -> std::collections::BTreeMap<String, Vec<u8>> {
+        expected
+            .iter()
+            .map(|e| {
+                let bytes = if e.zst {
+                    compress(&e.content).unwrap()
+                } else {
+                    e.content.clone()
+                };
+                (e.file.clone(), bytes)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn expected_files_are_the_ptx_raw_and_compressed_then_the_cubins() {
+        let names = |a: Option<&Assembled>| -> Vec<String> {
+            expected_files(&texts(), a)
+                .into_iter()
+                .map(|e| format!("{}{}", e.file, if e.zst { " (zst)" } else { "" }))
+                .collect()
+        };
+        assert_eq!(
+            names(None),
+            [
+                "ringccl_sm90.ptx",
+                "ringccl_sm90.ptx.zst (zst)",
+                "ringccl_sm80.ptx",
+                "ringccl_sm80.ptx.zst (zst)"
+            ]
+        );
+        let a = assembled([b"\x7fELF 90", b"\x7fELF 80"]);
+        let with = names(Some(&a));
+        assert_eq!(
+            with[4..],
+            [
+                "ringccl_sm90.cubin.zst (zst)",
+                "ringccl_sm80.cubin.zst (zst)",
+                "cubins.txt"
+            ]
+        );
+    }
+
+    #[test]
+    fn check_detects_a_stale_or_missing_cubin_and_nothing_else() {
+        let a = assembled([b"\x7fELF 90", b"\x7fELF 80"]);
+        let expected = expected_files(&texts(), Some(&a));
+        let mut files = committed(&expected);
+        assert!(stale_files(&expected, |n| files.get(n).cloned()).is_empty());
+
+        // A cubin from another PTX or ptxas: found, and only that file.
+        files.insert(
+            "ringccl_sm80.cubin.zst".into(),
+            compress(b"\x7fELF old 80").unwrap(),
+        );
+        let stale = stale_files(&expected, |n| files.get(n).cloned());
+        assert_eq!(
+            stale,
+            [(
+                "ringccl_sm80.cubin.zst".to_string(),
+                "differs from the fresh build".to_string()
+            )]
+        );
+
+        // Not a zstd file, and a missing one.
+        files.insert("ringccl_sm80.cubin.zst".into(), b"\x7fELF raw".to_vec());
+        files.remove("ringccl_sm90.cubin.zst");
+        let stale = stale_files(&expected, |n| files.get(n).cloned());
+        assert_eq!(stale.len(), 2, "{stale:?}");
+        assert_eq!(
+            stale[0],
+            ("ringccl_sm90.cubin.zst".into(), "missing".into())
+        );
+        assert_eq!(stale[1].0, "ringccl_sm80.cubin.zst");
+        assert!(stale[1].1.contains("not a valid zstd file"), "{stale:?}");
+    }
+
+    #[test]
+    fn check_compares_compressed_files_by_content() {
+        let expected = expected_files(&texts(), None);
+        let mut files = committed(&expected);
+        // The same PTX compressed at another level (another zstd) is not stale.
+        let other = zstd::stream::encode_all(texts()[0].as_bytes(), 1).unwrap();
+        assert_ne!(other, files["ringccl_sm90.ptx.zst"]);
+        files.insert("ringccl_sm90.ptx.zst".into(), other);
+        assert!(stale_files(&expected, |n| files.get(n).cloned()).is_empty());
+        // The raw PTX is compared byte for byte.
+        files.insert("ringccl_sm80.ptx".into(), b".target sm_80\r\n".to_vec());
+        let stale = stale_files(&expected, |n| files.get(n).cloned());
+        assert_eq!(stale.len(), 1);
+        assert_eq!(stale[0].0, "ringccl_sm80.ptx");
+    }
+
+    #[test]
+    fn the_manifest_records_ptxas_and_the_ptx_of_each_cubin() {
+        let t = texts();
+        let m = cubins_manifest("Cuda compilation tools, release 13.0, V13.0.88", &t);
+        assert!(m.contains(
+            "ringccl_sm90.cubin = ptxas -arch=sm_90 -O3 (Cuda compilation tools, release 13.0, \
+             V13.0.88) of ringccl_sm90.ptx fnv1a64:"
+        ));
+        for (arch, text) in ARCHES.iter().zip(&t) {
+            assert_eq!(
+                cubin_source(&m, arch.cubin),
+                Some((arch.file, fnv1a64(text.as_bytes())))
+            );
+        }
+    }
+
+    #[test]
+    fn without_ptxas_check_catches_cubins_left_behind_by_a_ptx_change() {
+        let t = texts();
+        let m = cubins_manifest("ptxas x", &t);
+        assert!(cubin_provenance(Some(m.as_bytes()), &t).is_empty());
+        let mut changed = t.clone();
+        changed[1].push_str("// a kernel changed\n");
+        let behind = cubin_provenance(Some(m.as_bytes()), &changed);
+        assert_eq!(
+            behind,
+            ["ringccl_sm80.cubin.zst: assembled from another ringccl_sm80.ptx than this build's"]
+        );
+        let none = cubin_provenance(None, &t);
+        assert_eq!(none.len(), 2);
+        assert!(none[0].contains("does not say which PTX"), "{none:?}");
+    }
+
+    #[test]
+    fn the_file_names_are_gpu_kernels_artifacts() {
+        for (arch, build) in ARCHES.iter().zip(gpu_kernels::artifacts::BUILDS) {
+            assert_eq!(arch.sm, build.sm);
+            assert_eq!(arch.file, build.ptx_file);
+            assert_eq!(arch.cubin, build.cubin_file);
+        }
+    }
+
+    #[test]
+    fn compressed_files_carry_their_size_and_a_checksum() {
+        let data = b"some kernels".repeat(100);
+        let packed = compress(&data).unwrap();
+        // Frame header descriptor: bit 2 = content checksum, bits 6-7 = size field present.
+        let descriptor = packed[4];
+        assert_ne!(descriptor & 0b100, 0, "checksum flag");
+        assert_ne!(descriptor & 0b1100_0000, 0, "content size");
+        assert_eq!(decompress(&packed).unwrap(), data);
     }
 }

@@ -44,22 +44,25 @@ pub fn version(ptxas: &Path) -> String {
         .unwrap_or_else(|| "version unknown".to_string())
 }
 
-/// Runs `ptxas -arch=<arch> -v` on `ptx` and returns its parsed report.
+/// Runs `ptxas -arch=<arch> <flags> -v <ptx> -o <cubin>` and returns its parsed report and the
+/// cubin it wrote (also left at `cubin`, for inspection).
 pub fn run(
     ptxas: &Path,
     arch: &str,
+    flags: &[&str],
     ptx: &Path,
-    scratch: &Path,
-) -> Result<BTreeMap<String, Resources>, String> {
+    cubin: &Path,
+) -> Result<(BTreeMap<String, Resources>, Vec<u8>), String> {
+    let _ = std::fs::remove_file(cubin);
     let out = Command::new(ptxas)
         .arg(format!("-arch={arch}"))
+        .args(flags)
         .arg("-v")
         .arg(ptx)
         .arg("-o")
-        .arg(scratch)
+        .arg(cubin)
         .output()
         .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
-    let _ = std::fs::remove_file(scratch);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stderr),
@@ -67,14 +70,17 @@ pub fn run(
     );
     if !out.status.success() {
         return Err(format!(
-            "`{} -arch={arch} -v {}` failed ({}):\n{}",
+            "`{} -arch={arch} {} -v {}` failed ({}):\n{}",
             ptxas.display(),
+            flags.join(" "),
             ptx.display(),
             out.status,
             tail(&text, 40)
         ));
     }
-    Ok(parse(&text))
+    let bytes =
+        std::fs::read(cubin).map_err(|e| format!("cannot read {}: {e}", cubin.display()))?;
+    Ok((parse(&text), bytes))
 }
 
 fn tail(text: &str, lines: usize) -> String {
