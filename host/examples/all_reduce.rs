@@ -29,10 +29,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("count {s:?} is not a number: {e}"))?,
         None => 1 << 20,
     };
+    let t0 = std::time::Instant::now();
     let comm = Communicator::all()?;
+    let ready = t0.elapsed();
     let n = comm.nranks();
     let ordinals: Vec<usize> = (0..n).map(|r| comm.ordinal(r)).collect();
-    println!("{n} rank(s) on devices {ordinals:?}, {count} f32 elements per rank");
+    println!(
+        "{n} rank(s) on devices {ordinals:?}, {count} f32 elements per rank (communicator ready in {:.0} ms)",
+        ready.as_secs_f64() * 1e3
+    );
 
     // One buffer per rank, on that rank's GPU.
     let mut bufs = Vec::with_capacity(n);

@@ -324,7 +324,14 @@ impl Communicator {
             .ranks
             .iter()
             .zip(&self.local)
-            .map(|(x, r)| format!("rank {r} = device {} ({})", x.ordinal, x.name))
+            .map(|(x, r)| {
+                format!(
+                    "rank {r} = device {} ({}, kernels: {:?})",
+                    x.ordinal,
+                    x.name,
+                    x.kernels.code()
+                )
+            })
             .collect();
         report!(debug, Info, "communicator of {} ranks: {}", self.nranks(), devices.join(", "));
         let peer = if self.process.is_some() {
