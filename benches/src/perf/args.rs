@@ -24,7 +24,13 @@ Time is the median over the -n iterations of the slowest rank's time (CUDA event
 rank's stream). algbw = size / time; busbw = algbw x the collective's factor (nccl-tests'
 PERFORMANCE.md). #wrong counts the elements that differ from the exactly computed expected
 values over the -c check iterations (outputs poisoned before each). Exit status 1 on any
-wrong element or error.";
+wrong element or error.
+
+One process per GPU: `ringccl-run -n 2 ringccl-perf --procs 2 ...` (or torchrun
+--nproc-per-node 2 ringccl-perf ...). Each process is one rank on GPU LOCAL_RANK; ringccl
+and NCCL are measured in the same processes; rank 0 prints and writes the results.
+ringccl-perf's own rendezvous listens on ringccl's port + 1 (MASTER_PORT + 2, or the port
+of RINGCCL_COMM_ID + 1).";
 
 /// Everything the command line sets; each field's documentation is its `--help` line.
 ///
@@ -106,6 +112,10 @@ pub struct Options {
     /// Use the first N GPUs [default: all]
     #[arg(long, value_name = "N", value_parser = parse_positive)]
     pub ngpus: Option<usize>,
+    /// One process per GPU, started by a launcher (ringccl-run -n N, torchrun): N must equal
+    /// WORLD_SIZE. Under a launcher (RANK and WORLD_SIZE set) this mode is on without the flag
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    pub procs: Option<usize>,
     /// Write the results as JSON
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -376,6 +386,7 @@ mod tests {
         assert_eq!((o.iters, o.warmup, o.check_iters, o.root), (20, 5, 1, 0));
         assert!(o.libs.ringccl && o.libs.nccl && !o.graph && o.progress);
         assert_eq!((o.json, o.csv, o.svg, o.ngpus), (None, None, None, None));
+        assert_eq!(o.procs, None);
     }
 
     #[test]
@@ -470,6 +481,7 @@ mod tests {
             "--root <R>",
             "--lib <L>",
             "--ngpus <N>",
+            "--procs <N>",
             "--json <FILE>",
             "--csv <FILE>",
             "--svg <FILE>",
@@ -505,6 +517,8 @@ mod tests {
             (&["-f", "1"], &["-f must be at least 2"]),
             (&["-b", "0"], &["-b must be at least 1 byte"]),
             (&["--ngpus", "0"], &["--ngpus", "at least 1"]),
+            (&["--procs", "0"], &["--procs", "at least 1"]),
+            (&["--procs", "two"], &["--procs", "two"]),
             (&["--no-progress=1"], &["--no-progress"]),
             (&["-c", "x"], &["--check", "x"]),
         ] {

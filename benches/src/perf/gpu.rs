@@ -8,6 +8,11 @@
 //! its buffers' events). `--untracked` turns the tracking off, as a program that orders its
 //! streams by hand (like an NCCL program) may; `-G 1` does too, as any caller capturing ringccl
 //! calls on cudarc buffers must: a capture cannot wait on an event recorded outside it.
+//!
+//! Started by a launcher (one process per GPU, [`super::procs`]), each process measures its
+//! own rank: [`Communicator::from_env`] for ringccl, `ncclCommInitRank` for NCCL, each call
+//! given this rank's buffer and stream; the ranks combine their results after every
+//! measurement, and rank 0 prints and writes them.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -16,12 +21,13 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
 };
-use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, RedOp};
+use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, LaunchEnv, RedOp};
 
-use super::args::{self, nccl_dtype_name, Options};
+use super::args::{self, nccl_dtype_name, Libs, Options};
 use super::coll::{self, Shape};
 use super::data::{self, Pattern, PerfElem};
 use super::nccl::{self, Nccl};
+use super::procs::{self, Outcome, World};
 use super::progress::Progress;
 use super::report::{self, Gpu, Meta, Record, Stats};
 use super::svg;
@@ -46,16 +52,30 @@ impl Lib {
 }
 
 /// The whole run: prints the table, writes the files; `Ok(true)` when every element was right
-/// and nothing failed.
+/// and nothing failed. Started by a launcher, one process per GPU ([`super::procs`]); else one
+/// process drives every GPU.
 pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     if let Some(&kind) = opts.colls.iter().find(|&&k| !coll::is_measured(k)) {
         return Err(not_measured(kind));
     }
+    let launch = procs::launch(opts.procs, opts.ngpus, LaunchEnv::from_env())?;
     // cudarc panics when libcuda is missing: look first.
     // SAFETY: only probes whether the library can be loaded.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(ringccl::Error::NoDriver.to_string());
+        let rank = launch.map_or(String::new(), |e| format!("rank {}: ", e.rank));
+        return Err(format!("{rank}{}", ringccl::Error::NoDriver));
     }
+    match launch {
+        Some(env) => {
+            let rank = env.rank;
+            run_procs(opts, command, &env).map_err(|e| format!("rank {rank}: {e}"))
+        }
+        None => run_single(opts, command),
+    }
+}
+
+/// One process driving every GPU.
+fn run_single(opts: Options, command: Vec<String>) -> Result<bool, String> {
     let visible = CudaContext::device_count()
         .map_err(|e| format!("cuDeviceGetCount failed with {:?}", e.0))?
         .max(0) as usize;
@@ -130,8 +150,154 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
         check_iters: opts.check_iters,
         graph_requested: opts.graph,
         notes,
+        procs: 1,
     };
+    execute(
+        &opts,
+        Run {
+            comm: &comm,
+            nccl,
+            n,
+            local: ordinals,
+            libs,
+            meta,
+            world: None,
+        },
+    )
+}
 
+/// One process per GPU: this process is rank `RANK` of `WORLD_SIZE` on GPU `LOCAL_RANK`.
+fn run_procs(opts: Options, command: Vec<String>, env: &LaunchEnv) -> Result<bool, String> {
+    let (n, rank) = (env.world_size, env.rank);
+    if opts.colls.iter().any(|c| c.has_root()) && opts.root >= n {
+        return Err(format!(
+            "--root {} is not a rank of {n} process(es)",
+            opts.root
+        ));
+    }
+    // ringccl-perf's own world first (one port above the communicator's rendezvous), then
+    // NCCL's id through it, then the communicator.
+    let world = World::join(env)?;
+    let mut notes = Vec::new();
+    let mut libs = opts.libs;
+    let nccl_id = if libs.nccl {
+        let mine = if rank == 0 {
+            procs::encode_id(nccl::unique_id())
+        } else {
+            Vec::new()
+        };
+        let all = world.gather(&mine)?;
+        Some(procs::decode_id(all.first().map_or(&[][..], Vec::as_slice)))
+    } else {
+        None
+    };
+    let comm = Communicator::from_env().map_err(|e| e.to_string())?;
+    if opts.graph || opts.untracked {
+        // SAFETY: as in `run_single`: every buffer is used on this rank's one stream only.
+        unsafe { comm.context(rank).disable_event_tracking() };
+        notes.push(if opts.graph {
+            "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot \
+             wait on events recorded outside it)"
+                .to_string()
+        } else {
+            "--untracked: cudarc's event tracking is off for the buffers".to_string()
+        });
+    }
+    let nccl = match nccl_id {
+        None => None,
+        Some(id) => {
+            let made = id.and_then(|id| Nccl::init_rank(&id, n, rank, comm.context(rank)));
+            let agreed = world.agree(made.as_ref().map(drop).map_err(Clone::clone))?;
+            match (made, agreed) {
+                (Ok(c), Ok(())) => Some(c),
+                (_, Err(e)) | (Err(e), _) if libs.ringccl => {
+                    notes.push(format!("NCCL unavailable ({e}): measuring ringccl only"));
+                    libs.nccl = false;
+                    None
+                }
+                (_, Err(e)) | (Err(e), _) => return Err(e),
+            }
+        }
+    };
+    let mut driver_version = 0i32;
+    // SAFETY: writes one int.
+    let driver_version = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .ok()
+        .map(|_| driver_version);
+    let name = comm
+        .context(rank)
+        .name()
+        .unwrap_or_else(|_| "unknown".into());
+    let gpus = world
+        .gather(format!("{}\t{name}", comm.ordinal(rank)).as_bytes())?
+        .iter()
+        .map(|b| {
+            let text = String::from_utf8_lossy(b);
+            let (ordinal, name) = text.split_once('\t').unwrap_or(("", "unknown"));
+            Gpu {
+                ordinal: ordinal.parse().unwrap_or(usize::MAX),
+                name: name.to_string(),
+            }
+        })
+        .collect();
+    let meta = Meta {
+        date: report::utc_now(),
+        command,
+        gpus,
+        driver_version,
+        nccl_version: nccl::version().map(|v| v.0),
+        ringccl_version: env!("CARGO_PKG_VERSION").to_string(),
+        iters: opts.iters,
+        warmup: opts.warmup,
+        check_iters: opts.check_iters,
+        graph_requested: opts.graph,
+        notes,
+        procs: n,
+    };
+    let ok = execute(
+        &opts,
+        Run {
+            comm: &comm,
+            nccl,
+            n,
+            local: vec![rank],
+            libs,
+            meta,
+            world: Some(&world),
+        },
+    )?;
+    // Every rank is done with the communicators before any leaves.
+    world.agree(Ok(()))?.map(|()| ok)
+}
+
+/// What [`execute`] measures with.
+struct Run<'a> {
+    comm: &'a Communicator,
+    nccl: Option<Nccl>,
+    /// The ranks of the world.
+    n: usize,
+    /// The ranks this process drives.
+    local: Vec<usize>,
+    libs: Libs,
+    meta: Meta,
+    /// ringccl-perf's world, one process per GPU.
+    world: Option<&'a World>,
+}
+
+/// Every sweep; the table (on rank 0) and the files (written by rank 0).
+fn execute(opts: &Options, run: Run<'_>) -> Result<bool, String> {
+    let Run {
+        comm,
+        nccl,
+        n,
+        local,
+        libs,
+        meta,
+        world,
+    } = run;
+    let quiet = world.is_some_and(|w| w.rank() != 0);
+    let opts = opts.clone();
     let sizes = args::sizes(&opts);
     let steps: usize = opts
         .colls
@@ -139,18 +305,24 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
         .map(|c| opts.dtypes.len() * if c.has_op() { opts.ops.len() } else { 1 } * sizes.len())
         .sum();
     let mut bench = Bench {
-        comm: &comm,
+        comm,
         nccl: nccl.as_ref(),
         n,
+        events: local.iter().map(|_| Vec::new()).collect(),
+        local,
         opts: &opts,
         ringccl: libs.ringccl,
-        events: (0..n).map(|_| Vec::new()).collect(),
         records: Vec::new(),
         notes: meta.notes.clone(),
-        progress: Progress::new(steps, opts.progress),
+        progress: Progress::new(steps, opts.progress && !quiet),
         failures: 0,
+        world,
+        quiet,
+        fatal: None,
     };
-    print_preamble(&opts, &meta, &sizes);
+    if !quiet {
+        print_preamble(&opts, &meta, &sizes);
+    }
     for &kind in &opts.colls {
         for &dtype in &opts.dtypes {
             let ops: Vec<Option<RedOp>> = if kind.has_op() {
@@ -170,10 +342,13 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
                 DataType::I64 => bench.sweep::<i64>(kind, &ops, &sizes),
                 DataType::U64 => bench.sweep::<u64>(kind, &ops, &sizes),
             };
+            if let Some(e) = bench.fatal.take() {
+                bench.progress.finish();
+                let _ = comm.synchronize();
+                return Err(e);
+            }
             if let Err(e) = res {
-                bench
-                    .progress
-                    .suspend(|| println!("# {} {}: {e}", kind.name(), dtype.name()));
+                bench.say(|| println!("# {} {}: {e}", kind.name(), dtype.name()));
                 bench.failures += 1;
             }
         }
@@ -190,6 +365,9 @@ pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     drop(nccl);
     let wrong: usize = records.iter().filter_map(|r| r.wrong).sum();
     let errors = records.iter().filter(|r| r.error.is_some()).count() + failures;
+    if quiet {
+        return Ok(wrong == 0 && errors == 0);
+    }
     print_summary(&records, &meta, wrong, errors);
 
     if let Some(p) = &opts.json {
@@ -224,6 +402,9 @@ fn print_preamble(opts: &Options, meta: &Meta, sizes: &[usize]) {
     println!("# Using devices");
     for (r, g) in meta.gpus.iter().enumerate() {
         println!("#  Rank {r:2} device {:2} [{}]", g.ordinal, g.name);
+    }
+    if meta.procs > 1 {
+        println!("# One process per GPU: {} processes", meta.procs);
     }
     println!(
         "# CUDA driver {}  NCCL {}",
@@ -272,19 +453,30 @@ fn print_summary(records: &[Record], meta: &Meta, wrong: usize, errors: usize) {
 struct Bench<'a> {
     comm: &'a Communicator,
     nccl: Option<&'a Nccl>,
+    /// The ranks of the world.
     n: usize,
+    /// The ranks this process drives (every rank, or one process's): per-rank vectors (events,
+    /// buffers, inputs, streams) follow this order.
+    local: Vec<usize>,
     opts: &'a Options,
     ringccl: bool,
-    /// Timing events per rank (grown on demand).
+    /// Timing events per local rank (grown on demand).
     events: Vec<Vec<CudaEvent>>,
     records: Vec<Record>,
     notes: Vec<String>,
     progress: Progress,
     /// Sweeps that could not run at all (allocation failures...).
     failures: usize,
+    /// ringccl-perf's world, one process per GPU.
+    world: Option<&'a World>,
+    /// Not rank 0 of a world of processes: prints nothing.
+    quiet: bool,
+    /// Why the ranks can no longer exchange results (the run stops).
+    fatal: Option<String>,
 }
 
-/// A rank's two buffers: `a` (send) and `b` (receive, and the one buffer in place).
+/// The local ranks' two buffers each: `a` (send) and `b` (receive, and the one buffer in
+/// place).
 struct Bufs<T> {
     a: Vec<CudaSlice<T>>,
     b: Vec<CudaSlice<T>>,
@@ -322,7 +514,44 @@ fn in_place_layout(kind: CollectiveKind, s: &Shape, r: usize) -> (usize, usize) 
 
 impl Bench<'_> {
     fn streams(&self) -> Vec<&Arc<CudaStream>> {
-        (0..self.n).map(|r| self.comm.stream(r)).collect()
+        self.local.iter().map(|&r| self.comm.stream(r)).collect()
+    }
+
+    /// Prints, unless another rank does.
+    fn say(&self, f: impl FnOnce()) {
+        if !self.quiet {
+            self.progress.suspend(f);
+        }
+    }
+
+    /// `mine`, or the first failure of any rank when the ranks are processes (every rank
+    /// gets the same answer). A failed exchange is also recorded as [`Bench::fatal`].
+    fn agree<X>(&mut self, mine: Result<X, String>) -> Result<X, String> {
+        let Some(world) = self.world else {
+            return mine;
+        };
+        match world.agree(mine.as_ref().map(drop).map_err(Clone::clone)) {
+            Ok(Ok(())) => mine,
+            Ok(Err(e)) => Err(e),
+            Err(e) => {
+                self.fatal.get_or_insert_with(|| e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// `mine`, combined with every other rank's when the ranks are processes.
+    fn combine(&mut self, mine: Outcome) -> Outcome {
+        let Some(world) = self.world else {
+            return mine;
+        };
+        match world.combine(&mine) {
+            Ok(o) => o,
+            Err(e) => {
+                self.fatal.get_or_insert_with(|| e.clone());
+                Outcome::failed(e)
+            }
+        }
     }
 
     fn sync(&self) -> Result<(), String> {
@@ -342,7 +571,7 @@ impl Bench<'_> {
 
     fn note(&mut self, s: String) {
         if !self.notes.contains(&s) {
-            self.progress.suspend(|| println!("# note: {s}"));
+            self.say(|| println!("# note: {s}"));
             self.notes.push(s);
         }
     }
@@ -370,26 +599,30 @@ impl Bench<'_> {
             .max()
             .unwrap_or(0)
             .max(1);
-        let mut bufs = Bufs::<T> {
-            a: Vec::new(),
-            b: Vec::new(),
-            a_ptr: Vec::new(),
-            b_ptr: Vec::new(),
-        };
-        for r in 0..n {
-            let s = self.comm.stream(r);
-            let a = drv("cuMemAlloc (send buffer)", s.alloc_zeros::<T>(a_len))?;
-            let b = drv("cuMemAlloc (receive buffer)", s.alloc_zeros::<T>(b_len))?;
-            bufs.a_ptr.push(DeviceSlice::<T>::raw(&a).ptr);
-            bufs.b_ptr.push(DeviceSlice::<T>::raw(&b).ptr);
-            bufs.a.push(a);
-            bufs.b.push(b);
-        }
-        self.sync()?;
+        let alloc = (|| -> Result<Bufs<T>, String> {
+            let mut bufs = Bufs::<T> {
+                a: Vec::new(),
+                b: Vec::new(),
+                a_ptr: Vec::new(),
+                b_ptr: Vec::new(),
+            };
+            for &r in &self.local {
+                let s = self.comm.stream(r);
+                let a = drv("cuMemAlloc (send buffer)", s.alloc_zeros::<T>(a_len))?;
+                let b = drv("cuMemAlloc (receive buffer)", s.alloc_zeros::<T>(b_len))?;
+                bufs.a_ptr.push(DeviceSlice::<T>::raw(&a).ptr);
+                bufs.b_ptr.push(DeviceSlice::<T>::raw(&b).ptr);
+                bufs.a.push(a);
+                bufs.b.push(b);
+            }
+            self.sync()?;
+            Ok(bufs)
+        })();
+        let mut bufs = self.agree(alloc)?;
         let tname = nccl_dtype_name(T::DTYPE);
         let both = self.libs().len() == 2;
         for &op in ops {
-            self.progress.suspend(|| {
+            self.say(|| {
                 println!("#");
                 println!(
                     "# Collective: {}   type: {} ({})   op: {}   root: {}   ranks: {}",
@@ -495,12 +728,15 @@ impl Bench<'_> {
                         }
                     }
                 }
-                self.progress.suspend(|| print!("{out}"));
+                self.say(|| print!("{out}"));
                 for (_, oop, ip) in rows {
                     self.records.extend(oop);
                     self.records.extend(ip);
                 }
                 self.progress.step();
+                if let Some(e) = &self.fatal {
+                    return Err(e.clone());
+                }
             }
         }
         // Nothing may still use the buffers when they are freed.
@@ -508,7 +744,7 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// Every rank's send data for `shape` (only the root's for broadcast).
+    /// Every local rank's send data for `shape` (only the root's for broadcast).
     fn inputs<T: PerfElem>(
         &self,
         kind: CollectiveKind,
@@ -517,8 +753,10 @@ impl Bench<'_> {
     ) -> Vec<Vec<T>> {
         let root = self.opts.root;
         std::thread::scope(|s| {
-            let handles: Vec<_> = (0..self.n)
-                .map(|r| {
+            let handles: Vec<_> = self
+                .local
+                .iter()
+                .map(|&r| {
                     let len = if kind == CollectiveKind::Broadcast && r != root {
                         0
                     } else {
@@ -567,8 +805,10 @@ impl Bench<'_> {
             graph: false,
             samples: 0,
             error: None,
+            procs: self.world.map_or(1, World::nranks),
         };
-        let result = (|| -> Result<(), String> {
+        let mut checked = None;
+        let result = (|| -> Result<(Vec<f64>, bool), String> {
             if self.opts.check_iters > 0 {
                 let mut wrong = 0;
                 for _ in 0..self.opts.check_iters {
@@ -576,26 +816,45 @@ impl Bench<'_> {
                     self.launch(lib, kind, shape, op, inplace, bufs)?;
                     wrong += self.verify(kind, shape, inplace, bufs, expect)?;
                 }
-                rec.wrong = Some(wrong);
+                checked = Some(wrong);
             }
-            let (times, graph) = self.time(lib, kind, shape, op, inplace, bufs)?;
-            let st = Stats::of(&times);
-            let (algbw, busbw) =
-                report::bandwidths(shape.bytes, st.median, coll::busbw_factor(kind, n));
-            rec.time_us = st.median;
-            rec.time_us_min = st.min;
-            rec.time_us_mean = st.mean;
-            rec.algbw = algbw;
-            rec.busbw = busbw;
-            rec.graph = graph;
-            rec.samples = times.len();
-            Ok(())
+            self.time(lib, kind, shape, op, inplace, bufs)
         })();
-        if let Err(e) = result {
-            rec.error = Some(e);
-            // Leave the streams idle for the next measurement (errors here are reported by
-            // the next one).
-            let _ = self.comm.synchronize();
+        let mine = match result {
+            Ok((times, graph)) => Outcome {
+                wrong: checked,
+                times,
+                graph,
+                error: None,
+            },
+            Err(e) => {
+                // Leave the streams idle for the next measurement (errors here are reported
+                // by the next one).
+                let _ = self.comm.synchronize();
+                Outcome {
+                    wrong: checked,
+                    error: Some(e),
+                    ..Outcome::default()
+                }
+            }
+        };
+        // One process per GPU: the slowest rank's times, every rank's wrong elements.
+        let all = self.combine(mine);
+        rec.wrong = all.wrong;
+        match all.error {
+            Some(e) => rec.error = Some(e),
+            None => {
+                let st = Stats::of(&all.times);
+                let (algbw, busbw) =
+                    report::bandwidths(shape.bytes, st.median, coll::busbw_factor(kind, n));
+                rec.time_us = st.median;
+                rec.time_us_min = st.min;
+                rec.time_us_mean = st.mean;
+                rec.algbw = algbw;
+                rec.busbw = busbw;
+                rec.graph = all.graph;
+                rec.samples = all.times.len();
+            }
         }
         rec
     }
@@ -610,7 +869,7 @@ impl Bench<'_> {
         inputs: &[Vec<T>],
     ) -> Result<(), String> {
         let elt = T::DTYPE.size();
-        for (r, input) in inputs.iter().enumerate() {
+        for (i, (input, &r)) in inputs.iter().zip(&self.local).enumerate() {
             let s = self.comm.stream(r);
             let (poison_len, in_off) = if inplace {
                 in_place_layout(kind, shape, r)
@@ -619,11 +878,11 @@ impl Bench<'_> {
             };
             if poison_len > 0 {
                 drv("cuCtxSetCurrent", s.context().bind_to_thread())?;
-                // SAFETY: `b_ptr[r]` is rank r's receive buffer, at least `poison_len`
+                // SAFETY: `b_ptr[i]` is rank r's receive buffer, at least `poison_len`
                 // elements long (sized for the largest shape); the stream is rank r's.
                 drv("cuMemsetD8Async", unsafe {
                     cudarc::driver::result::memset_d8_async(
-                        bufs.b_ptr[r],
+                        bufs.b_ptr[i],
                         0xff,
                         poison_len * elt,
                         s.cu_stream(),
@@ -634,10 +893,10 @@ impl Bench<'_> {
                 continue;
             }
             if inplace {
-                let mut dst = bufs.b[r].slice_mut(in_off..in_off + input.len());
+                let mut dst = bufs.b[i].slice_mut(in_off..in_off + input.len());
                 drv("cuMemcpyHtoDAsync", s.memcpy_htod(input, &mut dst))?;
             } else {
-                let mut dst = bufs.a[r].slice_mut(0..input.len());
+                let mut dst = bufs.a[i].slice_mut(0..input.len());
                 drv("cuMemcpyHtoDAsync", s.memcpy_htod(input, &mut dst))?;
             }
         }
@@ -676,8 +935,8 @@ impl Bench<'_> {
                     let mut io: Vec<Io<'_, T>> = send
                         .iter()
                         .zip(recv.iter_mut())
-                        .enumerate()
-                        .map(|(r, (s, d))| match kind {
+                        .zip(&self.local)
+                        .map(|((s, d), &r)| match kind {
                             CollectiveKind::Broadcast if r != root => Io::recv_only(d),
                             CollectiveKind::Reduce if r != root => Io::send_only(s),
                             _ => Io::out_of_place(s, d),
@@ -691,9 +950,12 @@ impl Bench<'_> {
                     return Err("NCCL is not loaded".into());
                 };
                 let elt = T::DTYPE.size() as u64;
-                let (send, recv): (Vec<u64>, Vec<u64>) = (0..self.n)
-                    .map(|r| {
-                        let (a, b) = (bufs.a_ptr[r], bufs.b_ptr[r]);
+                let (send, recv): (Vec<u64>, Vec<u64>) = self
+                    .local
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &r)| {
+                        let (a, b) = (bufs.a_ptr[i], bufs.b_ptr[i]);
                         let block = (r * shape.count) as u64 * elt;
                         if !inplace {
                             (a, b)
@@ -758,12 +1020,12 @@ impl Bench<'_> {
     ) -> Result<usize, String> {
         use CollectiveKind as K;
         self.sync()?;
-        let (n, root, count) = (self.n, self.opts.root, shape.count);
+        let (root, count) = (self.opts.root, shape.count);
         let Expect { pat, table, tol } = *expect;
         let period = table.len().max(1);
         std::thread::scope(|sc| -> Result<usize, String> {
             let mut handles = Vec::new();
-            for r in 0..n {
+            for (i, &r) in self.local.iter().enumerate() {
                 if kind == CollectiveKind::Reduce && r != root {
                     continue;
                 }
@@ -779,7 +1041,7 @@ impl Bench<'_> {
                     "cuMemcpyDtoH",
                     self.comm
                         .stream(r)
-                        .clone_dtoh(&bufs.b[r].slice(off..off + len)),
+                        .clone_dtoh(&bufs.b[i].slice(off..off + len)),
                 )?;
                 handles.push(sc.spawn(move || {
                     data::count_wrong(&got, tol, |j| match kind {
@@ -805,41 +1067,38 @@ impl Bench<'_> {
 
     /// Makes sure every rank has `k` timing events.
     fn ensure_events(&mut self, k: usize) -> Result<(), String> {
-        for r in 0..self.n {
-            while self.events[r].len() < k {
+        for (i, &r) in self.local.iter().enumerate() {
+            while self.events[i].len() < k {
                 let e = drv(
                     "cuEventCreate",
                     self.comm
                         .context(r)
                         .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
                 )?;
-                self.events[r].push(e);
+                self.events[i].push(e);
             }
         }
         Ok(())
     }
 
     fn record_all(&self, k: usize) -> Result<(), String> {
-        for r in 0..self.n {
+        for (i, &r) in self.local.iter().enumerate() {
             drv(
                 "cuEventRecord",
-                self.events[r][k].record(self.comm.stream(r)),
+                self.events[i][k].record(self.comm.stream(r)),
             )?;
         }
         Ok(())
     }
 
-    /// Per-sample times (µs, slowest rank) between boundary events `0..=samples`, divided by
-    /// `per`.
+    /// Per-sample times (µs, slowest local rank) between boundary events `0..=samples`,
+    /// divided by `per`.
     fn read_times(&self, samples: usize, per: usize) -> Result<Vec<f64>, String> {
         self.sync()?;
         let mut times = vec![0.0f64; samples];
-        for r in 0..self.n {
+        for events in &self.events {
             for (k, t) in times.iter_mut().enumerate() {
-                let ms = drv(
-                    "cuEventElapsedTime",
-                    self.events[r][k].elapsed_ms(&self.events[r][k + 1]),
-                )?;
+                let ms = drv("cuEventElapsedTime", events[k].elapsed_ms(&events[k + 1]))?;
                 *t = t.max(ms as f64 * 1000.0 / per.max(1) as f64);
             }
         }
@@ -862,7 +1121,13 @@ impl Bench<'_> {
             self.launch(lib, kind, shape, op, inplace, bufs)?;
         }
         if self.opts.graph {
-            match self.capture(lib, kind, shape, op, inplace, bufs) {
+            let captured = self.capture(lib, kind, shape, op, inplace, bufs);
+            // One process per GPU: every rank replays graphs, or none does.
+            let captured = self.agree(captured);
+            if let Some(e) = &self.fatal {
+                return Err(e.clone());
+            }
+            match captured {
                 Ok(graphs) => {
                     self.ensure_events(GRAPH_REPLAYS + 1)?;
                     for g in &graphs {
@@ -952,7 +1217,8 @@ impl Bench<'_> {
                 drv("cuStreamBeginCapture", s0.begin_capture(mode))?;
                 let mut joins = Vec::new();
                 let body = (|| -> Result<(), String> {
-                    let fork = drv("cuEventCreate", self.comm.context(0).new_event(None))?;
+                    let ctx0 = self.comm.context(self.local[0]);
+                    let fork = drv("cuEventCreate", ctx0.new_event(None))?;
                     drv("cuEventRecord", fork.record(s0))?;
                     for s in &streams[1..] {
                         drv("cuStreamWaitEvent", s.wait(&fork))?;
@@ -960,7 +1226,7 @@ impl Bench<'_> {
                     for _ in 0..iters {
                         self.launch(lib, kind, shape, op, inplace, bufs)?;
                     }
-                    for (r, s) in streams.iter().enumerate().skip(1) {
+                    for (&r, s) in self.local.iter().zip(&streams).skip(1) {
                         let e = drv("cuEventCreate", self.comm.context(r).new_event(None))?;
                         drv("cuEventRecord", e.record(s))?;
                         drv("cuStreamWaitEvent", s0.wait(&e))?;

@@ -7,13 +7,15 @@
 //! * [`svg`]: the plot;
 //! * [`nccl`]: NCCL through cudarc's raw layer;
 //! * [`gpu`]: the measurements;
-//! * [`progress`]: the progress bar.
+//! * [`progress`]: the progress bar;
+//! * [`procs`]: one process per GPU (the ranks' own exchange).
 
 pub mod args;
 pub mod coll;
 pub mod data;
 pub mod gpu;
 pub mod nccl;
+pub mod procs;
 pub mod progress;
 pub mod report;
 pub mod svg;

@@ -1,5 +1,6 @@
-//! NCCL, for comparison: one communicator per rank of one process (`ncclCommInitAll`), driven
-//! through cudarc's raw `result` layer on the same buffers and streams as ringccl.
+//! NCCL, for comparison: one communicator per rank of one process (`ncclCommInitAll`), or one
+//! rank per process (`ncclCommInitRank`), driven through cudarc's raw `result` layer on the
+//! same buffers and streams as ringccl.
 //!
 //! The raw layer is used rather than `cudarc::nccl::Comm` because `Comm`'s calls take their
 //! counts from buffer lengths (no in-place all-gather/reduce-scatter at an offset) and its
@@ -34,29 +35,83 @@ pub fn version() -> Option<(String, i32)> {
     Some((format!("{major}.{minor}.{patch}"), v))
 }
 
-/// One NCCL communicator per rank, created together.
+/// One NCCL communicator per rank of this process.
 pub struct Nccl {
     comms: Vec<sys::ncclComm_t>,
+    /// The rank of each communicator.
+    ranks: Vec<usize>,
+    /// The ranks of the world (in every process).
+    nranks: usize,
+}
+
+/// Whether libnccl.so can be loaded (cudarc panics on a call otherwise).
+fn check_loaded() -> Result<(), String> {
+    // SAFETY: only probes whether the library can be loaded.
+    if unsafe { sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err("the NCCL library (libnccl.so) was not found".into())
+    }
+}
+
+/// A new NCCL unique id (`ncclGetUniqueId`), as bytes.
+pub fn unique_id() -> Result<[u8; 128], String> {
+    check_loaded()?;
+    let id = result::get_uniqueid()
+        .map_err(|e| format!("ncclGetUniqueId failed with {}", err_text(e)))?;
+    Ok(id.internal.map(|c| c as u8))
 }
 
 impl Nccl {
     /// Communicators over the devices `ordinals` (rank `r` on `ordinals[r]`).
     pub fn new(ordinals: &[usize]) -> Result<Nccl, String> {
-        // SAFETY: only probes whether the library can be loaded (cudarc panics on use otherwise).
-        if !unsafe { sys::is_culib_present() } {
-            return Err("the NCCL library (libnccl.so) was not found".into());
-        }
+        check_loaded()?;
         let devs: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
         let mut comms = vec![std::ptr::null_mut(); devs.len()];
         // SAFETY: `comms` has room for one communicator per device in `devs`.
         unsafe { result::comm_init_all(comms.as_mut_ptr(), devs.len() as i32, devs.as_ptr()) }
             .map_err(|e| format!("ncclCommInitAll failed with {}", err_text(e)))?;
-        Ok(Nccl { comms })
+        Ok(Nccl {
+            comms,
+            ranks: (0..devs.len()).collect(),
+            nranks: devs.len(),
+        })
     }
 
-    /// Enqueues one collective on every rank inside one NCCL group. `send[r]`/`recv[r]` are the
-    /// device addresses of rank `r`'s buffers (equal, or at NCCL's in-place offset, for an
-    /// in-place call); `streams[r]` rank `r`'s stream.
+    /// This process's communicator: rank `rank` of `nranks`, on the device of `ctx` (made
+    /// current on this thread), joined with the id rank 0 made ([`unique_id`]). Returns once
+    /// every rank has joined.
+    pub fn init_rank(
+        id: &[u8; 128],
+        nranks: usize,
+        rank: usize,
+        ctx: &cudarc::driver::CudaContext,
+    ) -> Result<Nccl, String> {
+        check_loaded()?;
+        ctx.bind_to_thread()
+            .map_err(|e| format!("cuCtxSetCurrent failed with {:?}", e.0))?;
+        let (n, r) = match (i32::try_from(nranks), i32::try_from(rank)) {
+            (Ok(n), Ok(r)) => (n, r),
+            _ => return Err(format!("rank {rank} of {nranks}: too many ranks for NCCL")),
+        };
+        let id = sys::ncclUniqueId {
+            internal: id.map(|b| b as std::ffi::c_char),
+        };
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: `comm` receives one communicator; the device is the current context's.
+        unsafe { result::comm_init_rank(&mut comm, n, id, r) }
+            .map_err(|e| format!("ncclCommInitRank failed with {}", err_text(e)))?;
+        Ok(Nccl {
+            comms: vec![comm],
+            ranks: vec![rank],
+            nranks,
+        })
+    }
+
+    /// Enqueues one collective on every rank of this process inside one NCCL group.
+    /// `send[i]`/`recv[i]` are the device addresses of the buffers of this process's `i`-th
+    /// rank (equal, or at NCCL's in-place offset, for an in-place call); `streams[i]` its
+    /// stream.
     #[allow(clippy::too_many_arguments)]
     pub fn enqueue(
         &self,
@@ -72,10 +127,13 @@ impl Nccl {
     ) -> Result<(), String> {
         result::group_start().map_err(|e| format!("ncclGroupStart: {}", err_text(e)))?;
         let mut first_err = None;
-        for (r, &comm) in self.comms.iter().enumerate() {
-            if let Err(e) = self.one(
-                kind, shape, dtype, elt, op, root, send[r], recv[r], comm, streams[r],
-            ) {
+        for (i, (&comm, &r)) in self.comms.iter().zip(&self.ranks).enumerate() {
+            let (Some(&sp), Some(&rp), Some(&st)) = (send.get(i), recv.get(i), streams.get(i))
+            else {
+                first_err = Some(format!("rank {r}: no buffers or stream given"));
+                break;
+            };
+            if let Err(e) = self.one(kind, shape, dtype, elt, op, root, sp, rp, comm, st) {
                 first_err = Some(format!("rank {r}: {e}"));
                 break;
             }
@@ -131,7 +189,7 @@ impl Nccl {
                     // As nccl-tests: one send and one receive per peer, in the group.
                     let block = (c * elt) as u64;
                     let mut res = Ok(result::NcclStatus::Success);
-                    for peer in 0..self.comms.len() {
+                    for peer in 0..self.nranks {
                         let off = peer as u64 * block;
                         res = result::send(
                             (send + off) as *const c_void,
@@ -166,8 +224,9 @@ impl Nccl {
 impl Drop for Nccl {
     fn drop(&mut self) {
         for &c in &self.comms {
-            // SAFETY: each communicator was created by `comm_init_all` and is destroyed once;
-            // the caller synchronises the streams before dropping. Errors are ignored.
+            // SAFETY: each communicator was created by `comm_init_all` or `comm_init_rank` and
+            // is destroyed once; the caller synchronises the streams before dropping. Errors
+            // are ignored.
             let _ = unsafe { result::comm_destroy(c) };
         }
     }

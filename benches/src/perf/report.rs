@@ -52,6 +52,9 @@ pub struct Record {
     pub samples: usize,
     /// Why the measurement failed, if it did.
     pub error: Option<String>,
+    /// Processes the ranks ran in: 1 (one process drove every GPU) or one per rank
+    /// (`--procs`, started by a launcher).
+    pub procs: usize,
 }
 
 /// A number, or nothing (JSON `null`, an empty CSV field) when it is not finite.
@@ -132,6 +135,8 @@ pub struct Meta {
     pub graph_requested: bool,
     /// What happened that the records do not say (a library missing, a capture failing...).
     pub notes: Vec<String>,
+    /// Processes: 1 (one process drove every GPU) or one per rank (started by a launcher).
+    pub procs: usize,
 }
 
 /// One rank's GPU.
@@ -322,6 +327,7 @@ mod tests {
             graph: false,
             samples: 20,
             error: None,
+            procs: 1,
         }
     }
 
@@ -351,7 +357,7 @@ mod tests {
     }
 
     /// The fields, in order, that the JSON objects and the CSV header have.
-    const FIELDS: [&str; 18] = [
+    const FIELDS: [&str; 19] = [
         "collective",
         "dtype",
         "op",
@@ -370,6 +376,7 @@ mod tests {
         "graph",
         "samples",
         "error",
+        "procs",
     ];
 
     #[test]
@@ -380,7 +387,8 @@ mod tests {
             "{\"collective\":\"all_reduce\",\"dtype\":\"f32\",\"op\":\"sum\",\"root\":null,\
              \"bytes\":1024,\"count\":256,\"lib\":\"ringccl\",\"inplace\":false,\
              \"time_us\":12.5,\"time_us_min\":11.0,\"time_us_mean\":12.75,\"algbw\":2.0,\
-             \"busbw\":3.0,\"wrong\":0,\"ngpus\":4,\"graph\":false,\"samples\":20,\"error\":null}"
+             \"busbw\":3.0,\"wrong\":0,\"ngpus\":4,\"graph\":false,\"samples\":20,\"error\":null,\
+             \"procs\":1}"
         );
         // Not measured: null numbers, the error as a JSON string.
         let mut bad = rec("nccl", true, 1024, f64::NAN);
@@ -420,6 +428,7 @@ mod tests {
             check_iters: 1,
             graph_requested: false,
             notes: vec![],
+            procs: 2,
         };
         let recs = [rec("ringccl", false, 1024, 3.0), bad];
         let j = to_json(&meta, &recs).unwrap();
@@ -430,7 +439,7 @@ mod tests {
             "\"meta\":{\"date\":\"2026-01-01T00:00:00Z\",\"command\":[\"ringccl-perf\",\"-b\",\"8\"],\
              \"gpus\":[{\"ordinal\":0,\"name\":\"NVIDIA H200\"}],\"driver_version\":13000,\
              \"nccl_version\":\"2.27.3\",\"ringccl_version\":\"0.1.0\",\"iters\":20,\"warmup\":5,\
-             \"check_iters\":1,\"graph_requested\":false,\"notes\":[]},"
+             \"check_iters\":1,\"graph_requested\":false,\"notes\":[],\"procs\":2},"
         );
         assert_eq!(
             lines[3].trim_end_matches(','),
@@ -442,6 +451,12 @@ mod tests {
         assert_eq!(v["records"].as_array().unwrap().len(), 2);
         assert_eq!(v["records"][0]["busbw"], 3.0);
         assert_eq!(v["records"][1]["inplace"], true);
+        assert_eq!(v["meta"]["procs"], 2);
+        assert!(v["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["procs"] == 1));
         let empty: serde_json::Value = serde_json::from_str(&to_json(&meta, &[]).unwrap()).unwrap();
         assert_eq!(empty["records"].as_array().unwrap().len(), 0);
     }
@@ -457,11 +472,11 @@ mod tests {
         assert_eq!(lines[0], FIELDS.join(","));
         assert_eq!(
             lines[1],
-            "all_reduce,f32,sum,,64,16,ringccl,false,12.5,11.0,12.75,1.3333333333333333,2.0,0,4,false,20,"
+            "all_reduce,f32,sum,,64,16,ringccl,false,12.5,11.0,12.75,1.3333333333333333,2.0,0,4,false,20,,1"
         );
         assert_eq!(
             lines[2],
-            "all_reduce,f32,sum,,64,16,nccl,true,12.5,11.0,12.75,,,,4,false,20,\"a, \"\"b\"\"\""
+            "all_reduce,f32,sum,,64,16,nccl,true,12.5,11.0,12.75,,,,4,false,20,\"a, \"\"b\"\"\",1"
         );
         // No records: the header alone.
         assert_eq!(to_csv(&[]).unwrap(), format!("{}\n", FIELDS.join(",")));
