@@ -4,6 +4,15 @@
 //! cargo run --release -p ringccl-benches --bin ringccl-perf -- -b 8 -e 1G -f 2 -t all_reduce
 //! ```
 //!
+//! One process per GPU (each process one rank, ringccl and NCCL measured in the same
+//! processes, rank 0 printing and writing the results):
+//!
+//! ```text
+//! cargo build --release -p ringccl-benches --bin ringccl-perf
+//! cargo build --release -p ringccl --bin ringccl-run
+//! target/release/ringccl-run -n 2 target/release/ringccl-perf --procs 2 -b 8 -e 1G -f 2
+//! ```
+//!
 //! `--help` lists the options. Without a GPU (or without the CUDA driver) it says so in one
 //! line and exits with status 1; on a wrong element or a failed measurement it also exits
 //! with status 1, after the table.

@@ -473,6 +473,59 @@ mod tests {
         assert!(Outcome::decode(&huge).is_err());
     }
 
+    /// Two ranks (threads) join the tool's world over loopback, combine their outcomes and
+    /// agree on a failure; the communicator's port stays free.
+    #[test]
+    fn world_over_loopback() {
+        // The tool listens one port above ringccl's: find a free one for it.
+        let tool_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let comm_id = format!("127.0.0.1:{}", tool_port - 1);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let joins: Vec<_> = (0..2)
+                .map(|rank| {
+                    let comm_id = comm_id.clone();
+                    s.spawn(
+                        move || -> Result<(usize, Outcome, Result<(), String>), String> {
+                            let rank_text = rank.to_string();
+                            let e = env(&[
+                                ("RANK", &rank_text),
+                                ("WORLD_SIZE", "2"),
+                                ("RINGCCL_COMM_ID", &comm_id),
+                            ])
+                            .map_err(|e| e.to_string())?
+                            .ok_or("no launch")?;
+                            let w = World::join(&e)?;
+                            let mine = Outcome {
+                                wrong: Some(rank),
+                                times: vec![1.0 + rank as f64, 5.0 - rank as f64],
+                                graph: false,
+                                error: None,
+                            };
+                            let all = w.combine(&mine)?;
+                            let agreed = w.agree(if rank == 1 {
+                                Err("out of memory".into())
+                            } else {
+                                Ok(())
+                            })?;
+                            Ok((w.nranks(), all, agreed))
+                        },
+                    )
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        for r in results {
+            let (n, all, agreed) = r.unwrap();
+            assert_eq!(n, 2);
+            assert_eq!(all.times, vec![2.0, 5.0]);
+            assert_eq!(all.wrong, Some(1));
+            assert_eq!(agreed, Err("rank 1: out of memory".into()));
+        }
+    }
+
     #[test]
     fn nccl_id_round_trip() {
         let mut id = [0u8; 128];
