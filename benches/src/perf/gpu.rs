@@ -206,7 +206,13 @@ fn run_procs(opts: Options, command: Vec<String>, env: &LaunchEnv) -> Result<boo
     let nccl = match nccl_id {
         None => None,
         Some(id) => {
-            let made = id.and_then(|id| Nccl::init_rank(&id, n, rank, comm.context(rank)));
+            // Every rank can load NCCL and holds the id before any waits in ncclCommInitRank.
+            let ready = id.and_then(|id| nccl::check_loaded().map(|()| id));
+            let ready = match world.agree(ready.as_ref().map(drop).map_err(Clone::clone))? {
+                Ok(()) => ready,
+                Err(e) => Err(e),
+            };
+            let made = ready.and_then(|id| Nccl::init_rank(&id, n, rank, comm.context(rank)));
             let agreed = world.agree(made.as_ref().map(drop).map_err(Clone::clone))?;
             match (made, agreed) {
                 (Ok(c), Ok(())) => Some(c),

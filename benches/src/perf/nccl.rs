@@ -45,7 +45,7 @@ pub struct Nccl {
 }
 
 /// Whether libnccl.so can be loaded (cudarc panics on a call otherwise).
-fn check_loaded() -> Result<(), String> {
+pub fn check_loaded() -> Result<(), String> {
     // SAFETY: only probes whether the library can be loaded.
     if unsafe { sys::is_culib_present() } {
         Ok(())
