@@ -80,6 +80,20 @@ impl ProcessRank {
     pub fn lock(&self) -> MutexGuard<'_, ProcessState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
+    /// needs the same at the same call). Waits on the host for this rank's previous call first:
+    /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
+    pub fn ensure_scratch(&self, state: &mut ProcessState, bytes: usize) -> Result<()> {
+        if bytes <= state.windows.scratch_bytes() {
+            return Ok(());
+        }
+        state
+            .end
+            .synchronize()
+            .map_err(|e| Error::cuda("cuEventSynchronize", Some(self.rank), e))?;
+        state.windows.grow_scratch(bytes, &self.boot)
+    }
 }
 
 impl Exchange for Bootstrap {

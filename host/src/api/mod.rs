@@ -222,6 +222,7 @@ impl Communicator {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
                 let guards = track(io, streams, &checked.ptrs);
                 let mut state = p.lock();
+                p.ensure_scratch(&mut state, count.saturating_mul(size))?;
                 let mut call = exec::process::ProcessCall {
                     me,
                     state: &mut state,
@@ -260,14 +261,7 @@ impl Communicator {
         }
         // 3. Enqueue (scratch grows first, collectively, if this shape needs more).
         let mut state = p.lock();
-        let need = plan.prepared.schedule.scratch_len.saturating_mul(size);
-        if need > state.windows.scratch_bytes() {
-            state
-                .end
-                .synchronize()
-                .map_err(|e| crate::Error::cuda("cuEventSynchronize", Some(p.rank), e))?;
-            state.windows.grow_scratch(need, &p.boot)?;
-        }
+        p.ensure_scratch(&mut state, plan.prepared.schedule.scratch_len.saturating_mul(size))?;
         let guards = track(io, streams, &checked.ptrs);
         let mut call = exec::process::ProcessCall {
             me,
