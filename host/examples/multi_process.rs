@@ -4,7 +4,7 @@
 //! ```text
 //! cargo build --release -p ringccl --example multi_process --bin ringccl-run
 //! target/release/ringccl-run -n 2 target/release/examples/multi_process
-//! torchrun --nproc-per-node 2 target/release/examples/multi_process      # the same, with torchrun
+//! torchrun --no-python --nproc-per-node 2 target/release/examples/multi_process   # the same, with torchrun
 //! ```
 //!
 //! Each rank holds `(rank + 1) * (i % 7 + 1)` at element `i`; after a sum all-reduce every
