@@ -9,7 +9,8 @@
 #     final      collective suite, two-GPU library tests, example, then the all_reduce sweeps
 #                (eager, CUDA graphs, RINGCCL_PEER_BLOCKS=32 and 132), every step under a timeout
 # Logs, JSON, CSV and SVG go to $OUT (default /tmp/ringccl-out): one <step>.log per step,
-# steps.log (the commands), gpus.txt (nvidia-smi); a summary is printed last.
+# steps.log (the commands), gpus.txt (nvidia-smi); a summary is printed last, and the script exits
+# non-zero if a step failed or a phase is unknown.
 set -uo pipefail
 B=${1:?bundle dir}
 shift
@@ -27,12 +28,14 @@ if ! ldconfig -p | grep -q 'libnccl\.so '; then
   fi
 fi
 SUMMARY=()
+FAILED=0
 step() { # name cmd...
   local name=$1 t0=$SECONDS rc
   shift
   echo "=== $name: $*" | tee -a "$OUT/steps.log"
   "$@" >"$OUT/$name.log" 2>&1
   rc=$?
+  [ "$rc" -ne 0 ] && FAILED=$((FAILED + 1))
   tail -n 6 "$OUT/$name.log"
   SUMMARY+=("$name: exit $rc, $((SECONDS - t0)) s; $(grep -E 'test result|passed|mismatch|wrong' "$OUT/$name.log" | tail -n 2 | tr '\n' ' ' | cut -c1-200)")
 }
@@ -77,9 +80,11 @@ for phase in "$@"; do
           --lib ringccl --no-progress
       done
       ;;
-    *) echo "unknown phase $phase (tests | bench | perf | perf-full | final)" ;;
+    *) echo "unknown phase $phase (tests | bench | perf | perf-full | final)"; FAILED=$((FAILED + 1)) ;;
   esac
 done
 echo
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
+# Non-zero when a step failed or a phase was unknown (every step still ran).
+[ "$FAILED" -eq 0 ] || { echo "=== $FAILED step(s) failed"; exit 1; }
