@@ -54,6 +54,17 @@ impl Lib {
 /// The whole run: prints the table, writes the files; `Ok(true)` when every element was right
 /// and nothing failed. Started by a launcher, one process per GPU ([`super::procs`]); else one
 /// process drives every GPU.
+/// The note a run with cudarc's event tracking off carries (`-G 1` or `--untracked`).
+fn untracked_note(opts: &Options) -> String {
+    if opts.graph {
+        "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot wait \
+         on events recorded outside it)"
+            .to_string()
+    } else {
+        "--untracked: cudarc's event tracking is off for the buffers".to_string()
+    }
+}
+
 pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     if let Some(&kind) = opts.colls.iter().find(|&&k| !coll::is_measured(k)) {
         return Err(not_measured(kind));
@@ -101,13 +112,7 @@ fn run_single(opts: Options, command: Vec<String>) -> Result<bool, String> {
             // gets none either).
             unsafe { comm.context(r).disable_event_tracking() };
         }
-        notes.push(if opts.graph {
-            "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot \
-             wait on events recorded outside it)"
-                .to_string()
-        } else {
-            "--untracked: cudarc's event tracking is off for the buffers".to_string()
-        });
+        notes.push(untracked_note(&opts));
     }
     let mut libs = opts.libs;
     let nccl = if libs.nccl {
@@ -195,13 +200,7 @@ fn run_procs(opts: Options, command: Vec<String>, env: &LaunchEnv) -> Result<boo
     if opts.graph || opts.untracked {
         // SAFETY: as in `run_single`: every buffer is used on this rank's one stream only.
         unsafe { comm.context(rank).disable_event_tracking() };
-        notes.push(if opts.graph {
-            "-G 1: cudarc's event tracking is off for the buffers (a CUDA-graph capture cannot \
-             wait on events recorded outside it)"
-                .to_string()
-        } else {
-            "--untracked: cudarc's event tracking is off for the buffers".to_string()
-        });
+        notes.push(untracked_note(&opts));
     }
     let nccl = match nccl_id {
         None => None,

@@ -3,6 +3,7 @@
 //! schedule.
 
 use crate::kind::CollectiveKind;
+use crate::plan::ScheduleKey;
 use crate::schedule::{self, Layout, Schedule};
 
 
@@ -202,6 +203,17 @@ impl Collective {
             Collective::ReduceScatter { .. } => "recv == send + rank * recvcount",
             Collective::Scatter { .. } => "recv == send + root * recvcount on the root",
             Collective::AllToAll { .. } => "none: all_to_all cannot run in place",
+        }
+    }
+
+    /// The key its prepared schedule is cached under, for this layout and chunk.
+    pub fn schedule_key(self, layout: Layout, chunk: usize) -> ScheduleKey {
+        ScheduleKey {
+            kind: self.kind(),
+            count: self.count(),
+            layout,
+            root: self.root(),
+            chunk,
         }
     }
 

@@ -40,7 +40,7 @@ use crate::config::Algorithm;
 use crate::debug::report;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
-use crate::plan::{tuning, Prepared, ProcessPlan, ScheduleKey};
+use crate::plan::{tuning, Prepared, ProcessPlan};
 use crate::schedule::Layout;
 use crate::{RedOp, Result};
 
@@ -111,13 +111,7 @@ impl Communicator {
             Algorithm::OneShot => None,
             Algorithm::Ring => {
                 let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
-                let key = ScheduleKey {
-                    kind: c.kind(),
-                    count: c.count(),
-                    layout: checked.layout,
-                    root: c.root(),
-                    chunk,
-                };
+                let key = c.schedule_key(checked.layout, chunk);
                 let (p, new) = self
                     .plans()
                     .get_or_build(key, || {
@@ -235,13 +229,7 @@ impl Communicator {
             }
         }
         let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
-        let key = ScheduleKey {
-            kind: c.kind(),
-            count: c.count(),
-            layout: checked.layout,
-            root: c.root(),
-            chunk,
-        };
+        let key = c.schedule_key(checked.layout, chunk);
         let (plan, new) = p.plans.get_or_build(key, || {
             ProcessPlan::new(&c.schedule(self.ring(), checked.layout, chunk))
         })?;
