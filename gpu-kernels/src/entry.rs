@@ -19,8 +19,12 @@
 //! * [`EntryKind::ReduceCopy`]: `a, b, dst0, dst1 (0 = none), count: u64, postdiv: u32`
 //! * [`EntryKind::OneShot`]: `s0..s7 (every rank's input in rank order, unused = 0), nsrc: u32
 //!   (= nranks), dst, tmp (0 = out of place), count: u64, postdiv: u32, my_flags, f0..f7
-//!   (every rank's flag array, unused = 0), rank: u32`; launch exactly one block per rank
-//!   (see [`crate::oneshot`]). Both lists have [`MAX_RANKS`] slots.
+//!   (every rank's flag array, unused = 0), rank: u32, ctl (the control block), timeout_ns: u64`;
+//!   launch exactly one block per rank (see [`crate::oneshot`]). Both lists have [`MAX_RANKS`]
+//!   slots.
+//!
+//! One kernel has no element type and is not in the table: the bounded wait
+//! [`WAIT_ENTRY`](crate::oneshot::WAIT_ENTRY).
 //!
 //! `postdiv` is the rank count in the step that writes an `avg` result, else 1.
 //!

@@ -159,6 +159,8 @@ macro_rules! kernel {
                 f6: *mut u64,
                 f7: *mut u64,
                 rank: u32,
+                ctl: *mut u64,
+                timeout_ns: u64,
             ) {
                 use crate::oneshot::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
@@ -175,6 +177,8 @@ macro_rules! kernel {
                         my_flags,
                         flags,
                         rank as usize,
+                        ctl,
+                        timeout_ns,
                     )
                 }
             }
@@ -183,3 +187,22 @@ macro_rules! kernel {
 }
 
 pub(crate) use kernel;
+
+/// `ringccl_wait_geq` ([`crate::oneshot::WAIT_ENTRY`]): thread 0 waits until `*flag >= value`,
+/// or gives up on the control block's abort word or after `timeout_ns` (0: never), writing its
+/// status in `ctl` (see [`crate::oneshot`]).
+///
+/// # Safety
+/// `flag` a valid `u64` and `ctl` a control block, both accessible from this GPU.
+#[export_name = "ringccl_wait_geq"]
+pub unsafe extern "ptx-kernel" fn wait_geq(
+    flag: *const u64,
+    value: u64,
+    ctl: *mut u64,
+    timeout_ns: u64,
+    slot: u32,
+    peer: u32,
+) {
+    // SAFETY: forwarded from the kernel's contract.
+    unsafe { crate::oneshot::wait_geq(flag, value, ctl, timeout_ns, slot, peer) }
+}

@@ -1,5 +1,7 @@
 //! The one-shot all-reduce: one block per rank reads every rank's input over NVLink and folds it
-//! into its own output, with a device-side barrier instead of host events.
+//! into its own output, with a device-side barrier instead of host events; and the bounded
+//! device-side wait that every kernel of ringccl's uses ([`wait_geq`]'s entry point
+//! `ringccl_wait_geq`, for the ordering between processes).
 //!
 //! Each rank owns a flag array of [`FLAG_WORDS`] `u64` in its own memory (plain `cuMemAlloc`,
 //! zeroed once when the communicator is built):
@@ -11,19 +13,36 @@
 //! One call, epoch `e = counter + 1` (the same on every rank: every rank runs the same sequence
 //! of one-shot kernels):
 //! 1. **arrive**: thread `t < nranks, t != rank` release-stores `e` (system scope) into word
-//!    `2 * rank` of rank `t`'s flags, then spins until word `2 * t` of my flags is `≥ e`
-//!    (acquire, system scope); `bar.sync`.
-//! 2. **compute**: the whole block folds the `nranks` inputs in rank order `0..n` (the same on
-//!    every rank, so all ranks' results are bit-identical) into `dst`, or into `tmp` when the
-//!    call is in place (my input is my output, and peers are still reading it).
-//! 3. **depart**: `bar.sync`; thread `t` release-stores `e` into word `2 * rank + 1` of rank
-//!    `t`'s flags, then spins until word `2 * t + 1` of mine is `≥ e`; `bar.sync`. After this no
-//!    peer reads my input any more, so the caller may overwrite it once the kernel is done.
-//! 4. in place only: copy `tmp` to `dst`. Thread 0 stores `e` into the counter.
+//!    `2 * rank` of rank `t`'s flags, then waits until word `2 * t` of my flags is `≥ e`
+//!    (acquire, system scope); a block-wide barrier that also tells every thread whether any
+//!    wait failed.
+//! 2. **compute** (only if every wait succeeded): the whole block folds the `nranks` inputs in
+//!    rank order `0..n` (the same on every rank, so all ranks' results are bit-identical) into
+//!    `dst`, or into `tmp` when the call is in place (my input is my output, and peers are still
+//!    reading it).
+//! 3. **depart** (likewise): barrier; thread `t` release-stores `e` into word `2 * rank + 1` of
+//!    rank `t`'s flags, then waits until word `2 * t + 1` of mine is `≥ e`; barrier. After this
+//!    no peer reads my input any more, so the caller may overwrite it once the kernel is done.
+//! 4. in place only (and only if every wait succeeded): copy `tmp` to `dst`. Thread 0 stores `e`
+//!    into the counter.
 //!
-//! Flags only grow, so nothing is ever cleared. A spin that lasts longer than [`TIMEOUT_NS`]
-//! (a peer that never arrives) executes `trap`: the launch fails with a CUDA error instead of
-//! hanging forever.
+//! Flags only grow, so nothing is ever cleared.
+//!
+//! ## Bounded waits: the control block
+//!
+//! No wait lasts forever and no kernel traps (a `trap` kills the CUDA context of the whole
+//! process). Every wait also watches a **control block** of [`CTL_WORDS`] `u64` in host memory
+//! mapped into the device (`cuMemHostAlloc` with `DEVICEMAP`), which the host passes to every
+//! kernel with a timeout in nanoseconds:
+//! * word [`CTL_ABORT`]: the host (an abort) or a kernel (a timeout) sets it non-zero; every
+//!   wait that is not already satisfied then gives up;
+//! * words [`CTL_STATUS`]` + slot`: how a wait of the rank in `slot` gave up, the first time
+//!   (see [`status`]): the host reads it and reports `Error::Timeout` or `Error::Aborted`.
+//!
+//! A wait first polls its flag [`SPIN_POLLS`] times (device memory only, the fast path of every
+//! call); after that it reads the abort word and the global timer between polls, backing off with
+//! `nanosleep` up to 1 µs. A wait that gives up writes its status, sets the abort word (on a
+//! timeout), and the kernel skips its remaining work and ends normally.
 
 /// `u64` words in one rank's flag array (256 bytes).
 pub const FLAG_WORDS: usize = 32;
@@ -38,16 +57,59 @@ pub const COUNTER: usize = 16;
 /// it.
 pub const MAX_RANKS: usize = 8;
 
-/// Longest a thread waits for a peer's flag before the kernel traps (60 s).
-pub const TIMEOUT_NS: u64 = 60_000_000_000;
+/// Polls of a flag (device memory only) before a wait starts reading the control block and the
+/// clock, and backs off with `nanosleep`.
+pub const SPIN_POLLS: u32 = 4096;
 
-/// Polls of a flag without sleeping before the wait backs off with `nanosleep`.
-#[cfg_attr(not(target_arch = "nvptx64"), allow(dead_code))]
-const SPIN_POLLS: u32 = 4096;
+/// `u64` words in the control block (128 bytes).
+pub const CTL_WORDS: usize = 16;
+
+/// Index of the abort word in the control block.
+pub const CTL_ABORT: usize = 0;
+
+/// Index of the first status word in the control block: slot `s` (a rank, `< MAX_RANKS`) is
+/// word `CTL_STATUS + s`; a larger slot uses the last one.
+pub const CTL_STATUS: usize = 8;
+
+/// How a wait gave up, as written into a status word: `code << 32 | peer`, 0 = none.
+///
+/// ```
+/// use gpu_kernels::oneshot::status;
+/// let w = status::encode(status::TIMEOUT, 1);
+/// assert_eq!(status::decode(w), Some((status::TIMEOUT, 1)));
+/// assert_eq!(status::decode(0), None);
+/// ```
+pub mod status {
+    /// The wait reached the timeout the host passed: the peer never signalled.
+    pub const TIMEOUT: u32 = 1;
+    /// The wait saw the abort word set (by the host, or by another wait's timeout).
+    pub const ABORTED: u32 = 2;
+
+    /// The status word for `code` while waiting for `peer`.
+    #[inline(always)]
+    pub const fn encode(code: u32, peer: u32) -> u64 {
+        ((code as u64) << 32) | peer as u64
+    }
+
+    /// `(code, peer)` of a status word; `None` when nothing was written.
+    pub const fn decode(word: u64) -> Option<(u32, u32)> {
+        if word >> 32 == 0 {
+            None
+        } else {
+            Some(((word >> 32) as u32, word as u32))
+        }
+    }
+}
+
+/// The name of the bounded wait kernel (not in the entry table: it has no element type):
+/// `ringccl_wait_geq(flag: u64, value: u64, ctl: u64, timeout_ns: u64, slot: u32, peer: u32)`,
+/// one block of one thread or more (thread 0 waits). It ends once `*flag >= value`, or writes
+/// its status and ends early (see the module docs).
+pub const WAIT_ENTRY: &str = "ringccl_wait_geq";
 
 #[cfg(target_arch = "nvptx64")]
 mod dev {
-    use super::{COUNTER, MAX_RANKS, SPIN_POLLS, TIMEOUT_NS};
+    use super::{status, COUNTER, CTL_ABORT, CTL_STATUS, MAX_RANKS, SPIN_POLLS};
     use crate::element::Element;
     use crate::op::{ReduceOp, Sum};
     use crate::prim::{reduce_copy, Grid};
@@ -92,29 +154,121 @@ mod dev {
         unsafe { asm!("nanosleep.u32 {0};", in(reg32) ns, options(nostack, preserves_flags)) }
     }
 
-    /// Spins until `*p >= epoch`; traps after [`TIMEOUT_NS`].
+    /// `*p`, relaxed at system scope (the host may write it at any time).
     #[inline(always)]
-    unsafe fn wait_at_least(p: *const u64, epoch: u64) {
+    unsafe fn load_relaxed(p: *const u64) -> u64 {
+        let v: u64;
+        // SAFETY: the caller guarantees `p` is a valid, aligned `u64` (generic address).
+        unsafe {
+            asm!("ld.relaxed.sys.u64 {0}, [{1}];", out(reg64) v, in(reg64) p,
+                 options(nostack, preserves_flags))
+        }
+        v
+    }
+
+    /// A block-wide barrier that returns whether `pred` was true in any thread of the block
+    /// (`barrier.red.or.pred`, the unaligned form: safe wherever the compiler places it).
+    #[inline(always)]
+    fn sync_any(pred: bool) -> bool {
+        let any: u32;
+        // SAFETY: a barrier over the whole block, reached by every thread of every kernel that
+        // calls it (no early returns before it); no memory is touched.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .pred %rccl_in, %rccl_any;",
+                "setp.ne.u32 %rccl_in, {0}, 0;",
+                "barrier.red.or.pred %rccl_any, 0, %rccl_in;",
+                "selp.u32 {1}, 1, 0, %rccl_any;",
+                "}}",
+                in(reg32) pred as u32,
+                out(reg32) any,
+                options(nostack, preserves_flags)
+            )
+        }
+        any != 0
+    }
+
+    /// Records how the wait of `slot` for `peer` gave up, unless an earlier cause is recorded.
+    #[inline(always)]
+    unsafe fn give_up(ctl: *mut u64, slot: usize, code: u32, peer: usize) {
+        let slot = if slot < MAX_RANKS {
+            slot
+        } else {
+            MAX_RANKS - 1
+        };
+        // SAFETY: `ctl` is the control block (`CTL_WORDS` words), per the caller.
+        unsafe {
+            let word = ctl.add(CTL_STATUS + slot);
+            if load_relaxed(word) == 0 {
+                store_release(word, status::encode(code, peer as u32));
+            }
+            if code == status::TIMEOUT {
+                store_release(ctl.add(CTL_ABORT), 1);
+            }
+        }
+    }
+
+    /// Waits until `*p >= epoch`; `false` (with the status written) when the control block's
+    /// abort word is set or `timeout_ns` (0: none) has passed first.
+    ///
+    /// # Safety
+    /// `p` a valid `u64` flag; `ctl` the control block.
+    #[inline(always)]
+    pub(super) unsafe fn wait_at_least(
+        p: *const u64,
+        epoch: u64,
+        ctl: *mut u64,
+        timeout_ns: u64,
+        slot: usize,
+        peer: usize,
+    ) -> bool {
         let mut polls = 0u32;
         let mut start = 0u64;
         let mut sleep = 32u32;
-        // SAFETY (loads): forwarded from the caller.
+        // SAFETY (loads, stores): forwarded from the caller.
         while unsafe { load_acquire(p) } < epoch {
             if polls < SPIN_POLLS {
                 polls += 1;
                 continue;
             }
+            if unsafe { load_relaxed(ctl.add(CTL_ABORT)) } != 0 {
+                unsafe { give_up(ctl, slot, status::ABORTED, peer) };
+                return false;
+            }
             let now = global_timer();
             if start == 0 {
                 start = now;
-            } else if now.wrapping_sub(start) > TIMEOUT_NS {
-                // SAFETY: `trap` aborts the kernel with an error the host sees at its next
-                // synchronisation; nothing else happens.
-                unsafe { asm!("trap;", options(noreturn)) }
+            } else if timeout_ns != 0 && now.wrapping_sub(start) > timeout_ns {
+                unsafe { give_up(ctl, slot, status::TIMEOUT, peer) };
+                return false;
             }
             nanosleep(sleep);
             if sleep < 1024 {
                 sleep *= 2;
+            }
+        }
+        true
+    }
+
+    /// The body of `ringccl_wait_geq` (see [`super::WAIT_ENTRY`]): thread 0 waits.
+    ///
+    /// # Safety
+    /// `flag` a valid `u64`, `ctl` the control block, both accessible from this GPU.
+    #[inline(always)]
+    pub unsafe fn wait_geq(
+        flag: *const u64,
+        value: u64,
+        ctl: *mut u64,
+        timeout_ns: u64,
+        slot: u32,
+        peer: u32,
+    ) {
+        // SAFETY: reading a special register has no side effects.
+        if unsafe { _thread_idx_x() } == 0 {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                wait_at_least(flag, value, ctl, timeout_ns, slot as usize, peer as usize);
             }
         }
     }
@@ -127,7 +281,7 @@ mod dev {
     /// writable for `count`; `tmp` null (out of place) or writable for `count` and not
     /// overlapping anything else (in place: `dst == srcs[rank]`); `flags[0..nsrc]` every rank's
     /// flag array (`flags[rank] == my_flags`), all accessible from this GPU;
-    /// `rank < nsrc ≤ MAX_RANKS`.
+    /// `rank < nsrc ≤ MAX_RANKS`; `ctl` the control block (see the module docs).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce<T: Element, O: ReduceOp>(
@@ -140,6 +294,8 @@ mod dev {
         my_flags: *mut u64,
         flags: [*mut u64; MAX_RANKS],
         rank: usize,
+        ctl: *mut u64,
+        timeout_ns: u64,
     ) {
         // SAFETY: reading special registers has no side effects.
         let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
@@ -163,34 +319,38 @@ mod dev {
             }
 
             // 1. Arrive: my input is ready; wait until every peer's is.
+            let mut ok = true;
             if peer {
                 store_release(theirs.add(2 * rank), epoch);
-                wait_at_least(my_flags.add(2 * tid), epoch);
+                ok = wait_at_least(my_flags.add(2 * tid), epoch, ctl, timeout_ns, rank, tid);
             }
-            _syncthreads();
+            let failed = sync_any(!ok);
 
-            // 2. Compute, in rank order.
+            // 2. Compute, in rank order (not after a failed wait: a peer's input may not be
+            // ready, and the call has failed anyway).
             let out = if tmp.is_null() { dst } else { tmp };
-            reduce_copy::<T, O, MAX_RANKS>(
-                grid,
-                srcs,
-                nsrc,
-                out,
-                core::ptr::null_mut(),
-                count,
-                postdiv,
-            );
+            if !failed {
+                reduce_copy::<T, O, MAX_RANKS>(
+                    grid,
+                    srcs,
+                    nsrc,
+                    out,
+                    core::ptr::null_mut(),
+                    count,
+                    postdiv,
+                );
+            }
 
             // 3. Depart: I am done reading your inputs; wait until everyone is done with mine.
             _syncthreads();
-            if peer {
+            if peer && !failed {
                 store_release(theirs.add(2 * rank + 1), epoch);
-                wait_at_least(my_flags.add(2 * tid + 1), epoch);
+                ok = wait_at_least(my_flags.add(2 * tid + 1), epoch, ctl, timeout_ns, rank, tid);
             }
-            _syncthreads();
+            let failed = sync_any(!ok) || failed;
 
             // 4. In place: nobody reads my input any more; overwrite it with the result.
-            if !tmp.is_null() {
+            if !tmp.is_null() && !failed {
                 reduce_copy::<T, Sum, 1>(
                     grid,
                     [tmp as *const T],
@@ -209,4 +369,4 @@ mod dev {
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::all_reduce;
+pub(crate) use dev::{all_reduce, wait_geq};

@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 use gpu_kernels::artifacts::{cubin_source, fnv1a64, CUBINS_FILE};
+use gpu_kernels::oneshot::WAIT_ENTRY;
 use gpu_kernels::ENTRY_POINTS;
 
 use crate::ptxas;
@@ -359,7 +360,8 @@ pub fn static_checks(arch: &str, ptx: &str) -> Vec<String> {
             externs.join("\n  ")
         ));
     }
-    let names: Vec<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
+    let mut names: Vec<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
+    names.push(WAIT_ENTRY);
     if let Err(e) = compare_entries(&entry_names(ptx), &names) {
         errors.push(format!("{arch}: {e}"));
     }
@@ -732,6 +734,7 @@ fn run_ptxas(
             Ok((report, cubin)) => {
                 print!("{}", ptxas::register_table(arch.sm, ENTRY_POINTS, &report));
                 errors.extend(ptxas::check(arch.sm, ENTRY_POINTS, &report));
+                errors.extend(ptxas::check_named(arch.sm, WAIT_ENTRY, &report));
                 println!("{}: {} bytes", arch.cubin, cubin.len());
                 cubins.push(cubin);
             }
@@ -824,7 +827,7 @@ mod tests {
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors[0].contains("unresolved") && errors[0].contains("memcpy"));
         // Everything but the two entries in PTX is missing from the real table's point of view.
-        let missing = ENTRY_POINTS.len() - 2;
+        let missing = ENTRY_POINTS.len() + 1 - 2;
         assert!(
             errors[1].contains(&format!("not in the PTX ({missing})")),
             "{}",

@@ -170,6 +170,18 @@ pub fn check(
     errors
 }
 
+/// [`check`] for one entry point outside the table (the bounded wait kernel).
+pub fn check_named(arch: &str, name: &str, report: &BTreeMap<String, Resources>) -> Vec<String> {
+    match report.get(name) {
+        None => vec![format!("{arch}: ptxas reported nothing for entry `{name}`")],
+        Some(r) if r.stack_frame != 0 || r.spill_stores != 0 || r.spill_loads != 0 => vec![format!(
+            "{arch}: `{name}` has {} bytes stack frame, {} bytes spill stores, {} bytes spill loads (must all be 0)",
+            r.stack_frame, r.spill_stores, r.spill_loads
+        )],
+        Some(_) => Vec::new(),
+    }
+}
+
 /// A compact register table: one row per primitive (× operator), one column per element type.
 pub fn register_table(
     arch: &str,
