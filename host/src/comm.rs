@@ -14,6 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -23,7 +24,7 @@ use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
 use crate::plan::{topology, PlanCache, ProcessPlan};
-use crate::resources::{Call, ProcessState, RankResources, RankState};
+use crate::resources::{Call, Health, ProcessState, RankResources, RankState};
 use crate::transport::ipc::{Exchange, Windows};
 use crate::transport::Transport;
 use crate::{Error, Result};
@@ -57,6 +58,48 @@ pub struct Communicator {
     oneshot_broken: AtomicBool,
     /// For a rank of a job of processes: the rest of the job as this rank sees it.
     process: Option<ProcessRank>,
+    /// The control block, the timeout and the first failure (see [`Health`]).
+    health: Arc<Health>,
+    /// `CUDA_LAUNCH_BLOCKING=1`: a launch returns only once its kernel has run, so kernels that
+    /// meet other ranks' kernels of this process (the one-shot all-reduce) cannot be used.
+    launch_blocking: bool,
+}
+
+/// How long the communicator's drop waits for its work after an abort or a failure (the
+/// device waits end within microseconds of the abort; only work of the caller's own on the
+/// streams can take longer). Past it, the communicator's memory is leaked rather than freed
+/// under a running kernel.
+const DRAIN_AFTER_ABORT: Duration = Duration::from_secs(10);
+
+/// Whether `CUDA_LAUNCH_BLOCKING` asks the driver for blocking launches.
+fn launch_blocking_env() -> bool {
+    std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+}
+
+/// Polls `done` with growing pauses (yields, then sleeps from 10 µs up to 1 ms: no busy spin)
+/// until it returns `Some`, or `limit` (`None`: no limit) has passed: then `Ok(None)`.
+pub(crate) fn poll_until<T>(
+    limit: Option<Duration>,
+    mut done: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let start = Instant::now();
+    let mut polls = 0u32;
+    let mut pause = Duration::from_micros(10);
+    loop {
+        if let Some(v) = done()? {
+            return Ok(Some(v));
+        }
+        if limit.is_some_and(|l| start.elapsed() >= l) {
+            return Ok(None);
+        }
+        polls += 1;
+        if polls < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
 }
 
 /// A rank of a job of processes: its bootstrap connections, the other ranks' communication
@@ -84,14 +127,41 @@ impl ProcessRank {
     /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
     /// needs the same at the same call). Waits on the host for this rank's previous call first:
     /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
-    pub fn ensure_scratch(&self, state: &mut ProcessState, bytes: usize) -> Result<()> {
+    pub fn ensure_scratch(
+        &self,
+        state: &mut ProcessState,
+        bytes: usize,
+        health: &Health,
+    ) -> Result<()> {
         if bytes <= state.windows.scratch_bytes() {
             return Ok(());
         }
-        state
-            .end
-            .synchronize()
-            .map_err(|e| Error::cuda("cuEventSynchronize", Some(self.rank), e))?;
+        let rank = self.rank;
+        let done = poll_until(health.timeout(), || {
+            if let Some(e) = health.device_status() {
+                return Err(e);
+            }
+            health.check()?;
+            match state.end.try_is_complete() {
+                Ok(true) => Ok(Some(())),
+                Ok(false) => Ok(None),
+                Err(e) => Err(Error::cuda("cuEventQuery", Some(rank), e)),
+            }
+        });
+        match done {
+            Ok(Some(())) => {}
+            Ok(None) => {
+                return Err(Error::Timeout {
+                    rank: Some(rank),
+                    peer: None,
+                    what: "the previous call before growing the scratch".into(),
+                })
+            }
+            Err(e) => {
+                health.fail(e.clone());
+                return Err(e);
+            }
+        }
         state.windows.grow_scratch(bytes, &self.boot)
     }
 }
@@ -206,6 +276,10 @@ impl Communicator {
                 Err(_) => ((0..n).collect(), "device order (no link scores)"),
             },
         };
+        let health = match ranks.first() {
+            Some(first) => Health::new(&first.ctx, (0..n).collect(), config.timeout)?,
+            None => return Err(Error::TooFewDevices { needed: 1, found: 0 }),
+        };
         let comm = Communicator {
             streams: ranks.iter().map(|r| r.stream.clone()).collect(),
             local: (0..n).collect(),
@@ -217,6 +291,8 @@ impl Communicator {
             plans: PlanCache::default(),
             oneshot_broken: AtomicBool::new(false),
             process: None,
+            health: Arc::new(health),
+            launch_blocking: launch_blocking_env(),
         };
         comm.report_setup(how);
         Ok(comm)
@@ -269,6 +345,7 @@ impl Communicator {
         let ctxs = [res.ctx.clone()];
         let transport = Transport::connect(&ctxs, true, config.debug)?;
         let call_state = vec![RankState::new(&res.ctx, rank)?];
+        let health = Health::new(&res.ctx, vec![rank], config.timeout)?;
         let comm = Communicator {
             streams: vec![res.stream.clone()],
             local: vec![rank],
@@ -287,6 +364,8 @@ impl Communicator {
                 state: Mutex::new(state),
                 plans: PlanCache::default(),
             }),
+            health: Arc::new(health),
+            launch_blocking: launch_blocking_env(),
         };
         comm.report_setup("device order");
         Ok(comm)
@@ -495,7 +574,11 @@ impl Communicator {
     }
 
     /// Blocks until every call issued so far through this communicator is complete, on the
-    /// caller's streams as well as on the communicator's own streams.
+    /// caller's streams as well as on the communicator's own streams; at most
+    /// [`Config::timeout`] (then [`Error::Timeout`]; the communicator stays usable). Polls with
+    /// growing sleeps rather than spinning. A device-side wait that gave up (a peer that never
+    /// came), a fault on a rank's GPU, or an earlier failure is returned as an error (and the
+    /// communicator is failed: see [`Communicator::async_error`]).
     ///
     /// ```no_run
     /// # let comm = ringccl::Communicator::all()?;
@@ -503,22 +586,174 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn synchronize(&self) -> Result<()> {
-        let state = self.lock_state();
-        for ((rank, st), &r) in self.ranks.iter().zip(state.iter()).zip(&self.local) {
-            st.end
-                .synchronize()
-                .map_err(|e| Error::cuda("cuEventSynchronize", Some(r), e))?;
-            rank.stream
-                .synchronize()
-                .map_err(|e| Error::cuda("cuStreamSynchronize", Some(r), e))?;
+        self.wait_idle(self.config.timeout)
+    }
+
+    /// [`Communicator::synchronize`] with its own limit: waits at most `limit` for every call
+    /// issued so far, then returns [`Error::Timeout`] naming the first rank whose work has not
+    /// finished (nothing is aborted: call [`Communicator::abort`] to give up on the work).
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// match comm.synchronize_timeout(std::time::Duration::from_secs(5)) {
+    ///     Ok(()) => {}
+    ///     Err(ringccl::Error::Timeout { rank, .. }) => {
+    ///         eprintln!("rank {rank:?} is not done after 5 s; giving up");
+    ///         comm.abort()?;
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn synchronize_timeout(&self, limit: Duration) -> Result<()> {
+        self.wait_idle(Some(limit))
+    }
+
+    /// The first error of this communicator's work that the host has not been told about
+    /// through a call's return, without waiting (like `ncclCommGetAsyncError`): a device-side
+    /// wait that timed out (a peer that never came: [`Error::Timeout`]), a fault on a rank's GPU
+    /// ([`Error::Cuda`]), an earlier failure or an abort ([`Error::Aborted`], or the failure
+    /// itself). `None` while everything is fine (work may still be running). Any error marks
+    /// the communicator failed: its enqueued device waits end and later calls are refused.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// if let Some(e) = comm.async_error() {
+    ///     eprintln!("the communicator failed: {e}");
+    /// }
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn async_error(&self) -> Option<Error> {
+        if let Some(e) = self.health.failure() {
+            return Some(e);
+        }
+        if let Some(e) = self.health.device_status() {
+            self.health.fail(e.clone());
+            return Some(e);
+        }
+        if let Err(e) = self.pending_rank() {
+            self.health.fail(e.clone());
+            return Some(e);
+        }
+        None
+    }
+
+    /// Aborts the communicator (like `ncclCommAbort`, without freeing it): every rank's device
+    /// waits, enqueued or running, end at once (their kernels skip the rest of their work), and
+    /// every later call returns [`Error::Aborted`]. Then waits, at most [`Config::timeout`] (10 s
+    /// if none), for the enqueued work to drain, so the communicator can be dropped without
+    /// waiting; `Err(Error::Timeout)` if some rank's stream is still busy (with work of the
+    /// caller's own: ringccl's work ends within microseconds of the abort). May be called from
+    /// any thread, also while another thread is in a call or in `synchronize`. The results of
+    /// aborted calls are undefined; the buffers stay valid.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// comm.abort()?;
+    /// assert!(matches!(comm.synchronize(), Err(ringccl::Error::Aborted { .. })));
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn abort(&self) -> Result<()> {
+        self.health.fail(Error::Aborted {
+            reason: "aborted by the caller".into(),
+        });
+        let limit = self.config.timeout.unwrap_or(DRAIN_AFTER_ABORT);
+        // A rank whose context died runs nothing any more: count it as drained.
+        let drained = || {
+            Ok(match self.pending_rank() {
+                Ok(Some(_)) => None,
+                _ => Some(()),
+            })
+        };
+        match poll_until(Some(limit), drained) {
+            Ok(Some(())) => Ok(()),
+            _ => Err(Error::Timeout {
+                rank: self.pending_rank().ok().flatten(),
+                peer: None,
+                what: "draining the work of an aborted communicator".into(),
+            }),
+        }
+    }
+
+    /// Waits until no rank has pending work (see [`Communicator::synchronize`]).
+    fn wait_idle(&self, limit: Option<Duration>) -> Result<()> {
+        let done = poll_until(limit, || {
+            if let Some(e) = self.health.device_status() {
+                return Err(e);
+            }
+            self.health.check()?;
+            Ok(self.pending_rank()?.is_none().then_some(()))
+        });
+        match done {
+            Ok(Some(())) => Ok(()),
+            Ok(None) => Err(Error::Timeout {
+                rank: self.pending_rank().ok().flatten(),
+                peer: None,
+                what: format!(
+                    "synchronize: the rank's work did not finish within {:?}",
+                    limit.unwrap_or_default()
+                ),
+            }),
+            Err(e) => {
+                if !matches!(e, Error::Aborted { .. }) {
+                    self.health.fail(e.clone());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The first rank whose work has not finished (the end of its last call, the
+    /// communicator's own stream), `None` if all are done; a CUDA error of a rank's context.
+    fn pending_rank(&self) -> Result<Option<usize>> {
+        {
+            let state = self.lock_state();
+            for ((rank, st), &r) in self.ranks.iter().zip(state.iter()).zip(&self.local) {
+                let done = st
+                    .end
+                    .try_is_complete()
+                    .map_err(|e| Error::cuda("cuEventQuery", Some(r), e))?;
+                if !done {
+                    return Ok(Some(r));
+                }
+                // SAFETY: the stream is alive (held by `rank`).
+                match unsafe { cudarc::driver::sys::cuStreamQuery(rank.stream.cu_stream()) } {
+                    cudarc::driver::sys::CUresult::CUDA_SUCCESS => {}
+                    cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(Some(r)),
+                    code => {
+                        return Err(Error::Cuda {
+                            call: "cuStreamQuery",
+                            code: format!("{code:?}"),
+                            rank: Some(r),
+                        })
+                    }
+                }
+            }
         }
         if let Some(p) = &self.process {
-            p.lock()
+            let done = p
+                .lock()
                 .end
-                .synchronize()
-                .map_err(|e| Error::cuda("cuEventSynchronize", Some(p.rank), e))?;
+                .try_is_complete()
+                .map_err(|e| Error::cuda("cuEventQuery", Some(p.rank), e))?;
+            if !done {
+                return Ok(Some(p.rank));
+            }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// Test hook (fault injection): the next kernel launch on `rank` by a one-shot all-reduce
+    /// fails as if `cuLaunchKernel` had, after the ranks before it were launched.
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::all()?;
+    /// comm.inject_launch_failure(1);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    #[cfg(feature = "internals")]
+    pub fn inject_launch_failure(&self, rank: usize) {
+        self.health.inject_launch_failure(rank);
     }
 
     /// The communicator's configuration.
@@ -553,6 +788,7 @@ impl Communicator {
     /// one-shot call failed half-launched.
     pub(crate) fn oneshot_usable(&self) -> bool {
         self.process.is_none()
+            && !self.launch_blocking
             && self.transport.all_direct()
             && !self.oneshot_broken.load(Ordering::Acquire)
     }
@@ -565,6 +801,11 @@ impl Communicator {
     /// The part of a rank of a job of processes (`None` for a communicator of one process).
     pub(crate) fn process(&self) -> Option<&ProcessRank> {
         self.process.as_ref()
+    }
+
+    /// The communicator's health (control block, timeout, first failure).
+    pub(crate) fn health(&self) -> &Health {
+        &self.health
     }
 
     /// The cache of prepared schedules.
@@ -580,26 +821,65 @@ impl Communicator {
 
     /// Locks the communicator for one call's issue: the handle an executor works through.
     pub(crate) fn begin_call(&self) -> Call<'_> {
-        Call::new(&self.ranks, &self.transport, self.lock_state(), &self.oneshot_broken)
+        Call::new(
+            &self.ranks,
+            &self.transport,
+            self.lock_state(),
+            &self.oneshot_broken,
+            &self.health,
+        )
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Work of the last call may still run on the caller's streams and use the scratch and
-        // the kernels' module: wait for it before they are freed. Errors cannot be reported
+        // Work of the last call may still run on the caller's streams and use the scratch, the
+        // flags, the control block and the kernels' module: wait for it before they are freed,
+        // at most the timeout. If it does not end, abort (every device wait ends) and wait a
+        // little more; if it still does not end (work of the caller's own that never ends),
+        // leak the memory rather than free it under a running kernel. Errors cannot be reported
         // from `drop`; cudarc records them in the context.
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (rank, st) in self.ranks.iter().zip(state.iter()) {
-            rank.ctx.record_err(st.end.synchronize());
-        }
+        //
         // A rank of a job of processes: its last call's end also means every peer is done with
         // this rank's scratch and flags (the call's end waits for the peers' last touches), so
         // the windows can be unmapped and freed after it.
-        if let (Some(p), Some(rank)) = (&mut self.process, self.ranks.first()) {
-            let st = p.state.get_mut().unwrap_or_else(|e| e.into_inner());
-            rank.ctx.record_err(st.end.synchronize());
+        let idle = |c: &Self, limit| {
+            poll_until(Some(limit), || match c.pending_rank() {
+                Ok(None) => Ok(Some(true)),
+                Ok(Some(_)) => Ok(None),
+                // A dead context runs nothing any more.
+                Err(_) => Ok(Some(true)),
+            })
+            .ok()
+            .flatten()
+            .is_some()
+        };
+        let failed = self.health.failure().is_some();
+        let first = if failed {
+            DRAIN_AFTER_ABORT
+        } else {
+            self.config.timeout.unwrap_or(Duration::MAX)
+        };
+        if idle(self, first) {
+            return;
         }
+        if !failed {
+            self.health.fail(Error::Aborted {
+                reason: "dropped with work that did not finish".into(),
+            });
+            if idle(self, DRAIN_AFTER_ABORT) {
+                return;
+            }
+        }
+        report!(
+            self.config.debug,
+            Warn,
+            "the communicator's work did not finish after an abort: its device memory is leaked"
+        );
+        std::mem::forget(std::mem::take(&mut self.ranks));
+        std::mem::forget(std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner())));
+        std::mem::forget(self.process.take());
+        std::mem::forget(self.health.clone());
     }
 }
 

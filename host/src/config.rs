@@ -12,6 +12,7 @@
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
 //! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
+//! | `RINGCCL_TIMEOUT` | [`timeout`](Config::timeout) | 600 | seconds a device-side wait for a peer (and a host wait: `synchronize`, drop) lasts before it gives up with `Error::Timeout`; `0`: no limit (an abort still ends it) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -134,9 +135,18 @@ pub struct Config {
     /// How long the ranks of a job of processes wait for each other to join (and for each
     /// exchange of communication buffers) before giving up with an error.
     pub bootstrap_timeout: std::time::Duration,
+    /// How long a device-side wait for a peer's signal lasts before it gives up (the kernel
+    /// ends cleanly and the host reports [`Error::Timeout`]), and how long
+    /// [`Communicator::synchronize`](crate::Communicator::synchronize) and the communicator's
+    /// drop wait; `None`: no limit (an abort still ends every wait).
+    pub timeout: Option<std::time::Duration>,
     /// What is reported on stderr.
     pub debug: DebugLevel,
 }
+
+/// Default of [`Config::timeout`], in seconds (as long as PyTorch's default for its process
+/// groups).
+pub const DEFAULT_TIMEOUT_S: u64 = 600;
 
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
@@ -152,13 +162,14 @@ impl Default for Config {
             peer_blocks: DEFAULT_PEER_BLOCKS,
             peer_duplex_blocks: None,
             bootstrap_timeout: std::time::Duration::from_secs(DEFAULT_BOOTSTRAP_TIMEOUT_S),
+            timeout: Some(std::time::Duration::from_secs(DEFAULT_TIMEOUT_S)),
             debug: DebugLevel::Off,
         }
     }
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 9] = [
+pub const ENV_VARS: [&str; 10] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -168,6 +179,7 @@ pub const ENV_VARS: [&str; 9] = [
     "RINGCCL_PEER_DUPLEX_BLOCKS",
     "RINGCCL_DEBUG",
     "RINGCCL_BOOTSTRAP_TIMEOUT",
+    "RINGCCL_TIMEOUT",
 ];
 
 impl Config {
@@ -227,7 +239,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot] = ENV_VARS;
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, timeout] = ENV_VARS;
         if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
             c.p2p_disable = v;
         }
@@ -246,6 +258,9 @@ impl Config {
         }
         if let Some(v) = parse(boot, get(boot)?, parse_seconds)? {
             c.bootstrap_timeout = v;
+        }
+        if let Some(v) = parse(timeout, get(timeout)?, parse_timeout)? {
+            c.timeout = v;
         }
         Ok(c)
     }
@@ -347,6 +362,15 @@ fn parse_seconds(s: &str) -> std::result::Result<std::time::Duration, String> {
     }
 }
 
+/// Seconds, or `0` for no limit.
+fn parse_timeout(s: &str) -> std::result::Result<Option<std::time::Duration>, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 => Ok(None),
+        Ok(_) => parse_seconds(s).map(Some),
+        Err(_) => Err("expected a number of seconds (0: no limit)".into()),
+    }
+}
+
 fn parse_blocks(s: &str) -> std::result::Result<u32, String> {
     match s.parse::<u32>() {
         Ok(v) if v > 0 => Ok(v),
@@ -393,8 +417,11 @@ mod tests {
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
             ("RINGCCL_DEBUG", "trace"),
             ("RINGCCL_BOOTSTRAP_TIMEOUT", "2.5"),
+            ("RINGCCL_TIMEOUT", "1.5"),
         ])
         .unwrap();
+        assert_eq!(c.timeout, Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(from(&[("RINGCCL_TIMEOUT", "0")]).unwrap().timeout, None);
         assert!(c.p2p_disable);
         assert_eq!(c.ring, Some(vec![0, 2, 1, 3]));
         assert_eq!(c.algorithm, Some(Algorithm::OneShot));
@@ -426,6 +453,8 @@ mod tests {
             ("RINGCCL_DEBUG", "verbose"),
             ("RINGCCL_BOOTSTRAP_TIMEOUT", "0"),
             ("RINGCCL_BOOTSTRAP_TIMEOUT", "soon"),
+            ("RINGCCL_TIMEOUT", "-1"),
+            ("RINGCCL_TIMEOUT", "never"),
         ] {
             assert_eq!(err_var(from(&[(name, value)])), name, "{name}={value}");
         }

@@ -93,6 +93,37 @@ pub enum Error {
         /// What was seen: addresses, ranks, the peer's own message.
         detail: String,
     },
+    /// A wait did not end in time: a device-side wait for a peer's signal (the peer never
+    /// arrived within [`Config::timeout`](crate::Config::timeout): its process died, it is
+    /// stuck, or it did not make the same call), or a host wait
+    /// ([`Communicator::synchronize_timeout`](crate::Communicator::synchronize_timeout)). After a
+    /// device-side timeout the communicator is failed: every later call returns
+    /// [`Error::Aborted`].
+    Timeout {
+        /// The rank whose wait gave up (or whose work had not finished), where known.
+        rank: Option<usize>,
+        /// The rank it waited for, where known.
+        peer: Option<usize>,
+        /// What waited.
+        what: String,
+    },
+    /// The communicator was aborted ([`Communicator::abort`](crate::Communicator::abort)) or
+    /// failed earlier (the first failure is in `reason`): it runs no more calls. Drop it and
+    /// make a new one.
+    Aborted {
+        /// Why: "aborted by the caller", or the first failure.
+        reason: String,
+    },
+    /// A call failed after part of its work was already enqueued on some ranks' streams (the
+    /// other ranks got none): the communicator is failed (later calls return
+    /// [`Error::Aborted`]), its enqueued device waits are released, and the buffers of the call
+    /// hold no result.
+    PartlyEnqueued {
+        /// The ranks that got part of the work.
+        enqueued: Vec<usize>,
+        /// The failure that stopped the issue.
+        cause: Box<Error>,
+    },
     /// A bug in ringccl: an internal consistency check failed. Please report it with the
     /// message.
     Internal {
@@ -143,6 +174,28 @@ impl fmt::Display for Error {
                 }
                 write!(f, "{detail}; {}", failure.advice())
             }
+            Error::Timeout { rank, peer, what } => {
+                match (rank, peer) {
+                    (Some(r), Some(p)) => write!(f, "rank {r} timed out waiting for rank {p} ({what})")?,
+                    (Some(r), None) => write!(f, "rank {r} timed out ({what})")?,
+                    (None, Some(p)) => write!(f, "timed out waiting for rank {p} ({what})")?,
+                    (None, None) => write!(f, "timed out ({what})")?,
+                }
+                write!(
+                    f,
+                    ": a rank is missing, stuck, dead or made another call; check every rank \
+                     (or raise RINGCCL_TIMEOUT)"
+                )
+            }
+            Error::Aborted { reason } => write!(
+                f,
+                "the communicator is aborted ({reason}); drop it and make a new one"
+            ),
+            Error::PartlyEnqueued { enqueued, cause } => write!(
+                f,
+                "a call failed after part of it was enqueued on rank(s) {enqueued:?}: {cause}; \
+                 the communicator is aborted and the call's buffers hold no result"
+            ),
             Error::Internal { reason } => write!(
                 f,
                 "internal error in ringccl: {reason}; please report this message"
@@ -255,6 +308,26 @@ impl Error {
             rank,
             arg,
             reason: reason.into(),
+        }
+    }
+
+    /// The rank an error names, where it names one (the rank whose argument, device or wait
+    /// failed; for [`Error::PartlyEnqueued`], its cause's).
+    ///
+    /// ```
+    /// use ringccl::Error;
+    /// let e = Error::Timeout { rank: Some(0), peer: Some(1), what: "a device wait".into() };
+    /// assert_eq!(e.rank(), Some(0));
+    /// assert_eq!(Error::NoDriver.rank(), None);
+    /// ```
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            Error::InvalidArgument { rank, .. }
+            | Error::Cuda { rank, .. }
+            | Error::Bootstrap { rank, .. }
+            | Error::Timeout { rank, .. } => *rank,
+            Error::PartlyEnqueued { cause, .. } => cause.rank(),
+            _ => None,
         }
     }
 

@@ -8,10 +8,15 @@
 //! * [`RankState`], changing from call to call: a scratch buffer grown on demand (partial
 //!   results, staging), a pool of events (`CU_EVENT_DISABLE_TIMING`) for ordering steps across
 //!   GPUs, and the event that marks the end of the communicator's previous call on the rank;
+//! * [`Health`]: the communicator's control block (host memory mapped into every device: the
+//!   abort word and the status words of `gpu_kernels::oneshot`), its timeout, and its first
+//!   failure; shared by all calls, read and written without the call lock;
 //! * [`Call`]: both, for one call, with the state locked: what an executor may touch.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 
@@ -117,6 +122,221 @@ impl Drop for OneShotFlags {
     }
 }
 
+/// The control block: `gpu_kernels::oneshot::CTL_WORDS` `u64` of pinned host memory
+/// (`cuMemHostAlloc`, portable and mapped into every context), zeroed at creation. The host
+/// reads and writes it as atomics; kernels read and write it through its device address.
+#[derive(Debug)]
+pub struct Control {
+    ctx: Arc<CudaContext>,
+    host: NonNull<AtomicU64>,
+    dev: u64,
+}
+
+// SAFETY: the block is plain pinned memory owned by this value; the host touches it only
+// through `AtomicU64` (kernels through their own atomics/volatile accesses), so sharing the
+// pointer between threads is sound.
+unsafe impl Send for Control {}
+// SAFETY: as above: every host access is atomic.
+unsafe impl Sync for Control {}
+
+impl Control {
+    const WORDS: usize = gpu_kernels::oneshot::CTL_WORDS;
+
+    /// Allocates and zeroes the block with `ctx` current (portable: every context sees it at
+    /// the same device address under unified addressing).
+    pub fn new(ctx: &Arc<CudaContext>, rank: Option<usize>) -> Result<Self> {
+        ctx.bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", rank, e))?;
+        let bytes = Self::WORDS * std::mem::size_of::<u64>();
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: `p` is a valid out-pointer; a context is current.
+        unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }
+            .result()
+            .map_err(|e| Error::cuda("cuMemHostAlloc", rank, e))?;
+        let host = NonNull::new(p.cast::<AtomicU64>()).ok_or_else(|| Error::Internal {
+            reason: "cuMemHostAlloc returned null".into(),
+        })?;
+        // SAFETY: `bytes` bytes of fresh host memory, 8-aligned (page-aligned), not yet shared.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `p` is mapped pinned memory from `cuMemHostAlloc` with `DEVICEMAP`.
+        let got = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) }.result();
+        let control = Control {
+            ctx: ctx.clone(),
+            host,
+            dev,
+        };
+        got.map_err(|e| Error::cuda("cuMemHostGetDevicePointer", rank, e))?;
+        Ok(control)
+    }
+
+    /// The block's device address (the same in every context).
+    pub fn device_ptr(&self) -> u64 {
+        self.dev
+    }
+
+    /// Word `i` (`None` past the end).
+    pub fn word(&self, i: usize) -> Option<&AtomicU64> {
+        // SAFETY: `i < WORDS` words of the live allocation, aligned; `AtomicU64` has the layout
+        // of `u64`.
+        (i < Self::WORDS).then(|| unsafe { &*self.host.as_ptr().add(i) })
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        // The communicator's drop has waited for every kernel that was given the block, or
+        // leaked it.
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: the pointer came from `cuMemHostAlloc` and is freed once, here.
+        let freed = unsafe { sys::cuMemFreeHost(self.host.as_ptr().cast()) }.result();
+        self.ctx.record_err(freed);
+    }
+}
+
+/// A communicator's health: the control block its kernels watch, the timeout they are given,
+/// and its first failure. Once failed (an abort, a device-side timeout, a call that failed
+/// half-issued, a dead context), the abort word is set, so every enqueued device wait ends, and
+/// every later call is refused with [`Error::Aborted`].
+#[derive(Debug)]
+pub struct Health {
+    control: Control,
+    timeout: Option<Duration>,
+    /// The rank of each status slot (a communicator's local ranks, in order).
+    slot_ranks: Vec<usize>,
+    failed: Mutex<Option<Error>>,
+    /// Quick check of `failed`.
+    is_failed: AtomicBool,
+    /// Test hook: rank + 1 whose next kernel launch fails (0: none).
+    fail_launch: AtomicUsize,
+}
+
+impl Health {
+    /// The health of a fresh communicator whose status slots are `slot_ranks` (at most
+    /// `gpu_kernels::oneshot::MAX_RANKS` slots are distinguished).
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        slot_ranks: Vec<usize>,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
+        let rank = slot_ranks.first().copied();
+        Ok(Health {
+            control: Control::new(ctx, rank)?,
+            timeout,
+            slot_ranks,
+            failed: Mutex::new(None),
+            is_failed: AtomicBool::new(false),
+            fail_launch: AtomicUsize::new(0),
+        })
+    }
+
+    /// The control block's device address.
+    pub fn ctl(&self) -> u64 {
+        self.control.device_ptr()
+    }
+
+    /// The timeout of device waits, in nanoseconds (0: none).
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout
+            .map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1))
+    }
+
+    /// The configured timeout.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// `Err(Error::Aborted)` once the communicator has failed or been aborted.
+    pub fn check(&self) -> Result<()> {
+        if !self.is_failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let reason = match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Error::Aborted { reason }) => reason.clone(),
+            Some(e) => e.to_string(),
+            None => "failed".into(),
+        };
+        Err(Error::Aborted { reason })
+    }
+
+    /// The first failure, if any.
+    pub fn failure(&self) -> Option<Error> {
+        if !self.is_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Marks the communicator failed with `cause` (the first cause is kept) and sets the abort
+    /// word: every device wait of its kernels, enqueued or running, ends.
+    pub fn fail(&self, cause: Error) {
+        {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            if failed.is_none() {
+                *failed = Some(cause);
+            }
+        }
+        self.is_failed.store(true, Ordering::Release);
+        if let Some(w) = self.control.word(gpu_kernels::oneshot::CTL_ABORT) {
+            w.store(1, Ordering::SeqCst);
+        }
+    }
+
+    /// What the kernels reported in the status words, as an error (the first slot that has
+    /// one, a timeout before an abort); `None` if no wait gave up.
+    pub fn device_status(&self) -> Option<Error> {
+        use gpu_kernels::oneshot::{status, CTL_STATUS, MAX_RANKS};
+        let mut aborted = None;
+        for slot in 0..MAX_RANKS {
+            let word = self.control.word(CTL_STATUS + slot)?.load(Ordering::Acquire);
+            let Some((code, peer)) = status::decode(word) else {
+                continue;
+            };
+            let rank = self.slot_ranks.get(slot).copied();
+            let peer = usize::try_from(peer).ok();
+            if code == status::TIMEOUT {
+                let what = match self.timeout {
+                    Some(t) => format!("a device-side wait of {t:?}"),
+                    None => "a device-side wait".into(),
+                };
+                return Some(Error::Timeout { rank, peer, what });
+            }
+            aborted.get_or_insert(Error::Aborted {
+                reason: format!(
+                    "a device-side wait of rank {} for rank {} was ended by an abort",
+                    rank.map_or_else(|| "?".into(), |r| r.to_string()),
+                    peer.map_or_else(|| "?".into(), |p| p.to_string()),
+                ),
+            });
+        }
+        aborted
+    }
+
+    /// Arms the test hook: the next kernel launch of `rank` by an executor fails.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub fn inject_launch_failure(&self, rank: usize) {
+        self.fail_launch.store(rank.saturating_add(1), Ordering::SeqCst);
+    }
+
+    /// The test hook's injected failure for a launch on `rank`, once.
+    pub fn injected_failure(&self, rank: usize) -> Result<()> {
+        let want = rank.saturating_add(1);
+        if self
+            .fail_launch
+            .compare_exchange(want, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            return Err(Error::Cuda {
+                call: "cuLaunchKernel",
+                code: "CUDA_ERROR_LAUNCH_FAILED (injected)".into(),
+                rank: Some(rank),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// What changes from call to call on one rank.
 #[derive(Debug)]
 pub struct RankState {
@@ -165,6 +385,7 @@ pub struct Call<'a> {
     transport: &'a Transport,
     state: MutexGuard<'a, Vec<RankState>>,
     oneshot_broken: &'a AtomicBool,
+    health: &'a Health,
 }
 
 fn no_rank(rank: usize) -> Error {
@@ -180,6 +401,7 @@ impl<'a> Call<'a> {
         transport: &'a Transport,
         mut state: MutexGuard<'a, Vec<RankState>>,
         oneshot_broken: &'a AtomicBool,
+        health: &'a Health,
     ) -> Self {
         for st in state.iter_mut() {
             st.next_event = 0;
@@ -189,7 +411,25 @@ impl<'a> Call<'a> {
             transport,
             state,
             oneshot_broken,
+            health,
         }
+    }
+
+    /// The communicator's health (control block, timeout, failure).
+    pub fn health(&self) -> &'a Health {
+        self.health
+    }
+
+    /// Checks every rank's context before anything is launched: a context with an error from
+    /// earlier work (a kernel fault is sticky) fails the query of the rank's end event. Costs one
+    /// `cuEventQuery` per rank.
+    pub fn check_contexts(&self) -> Result<()> {
+        for (r, st) in self.state.iter().enumerate() {
+            if let Err(e) = st.end.try_is_complete() {
+                return Err(Error::cuda("cuEventQuery", Some(r), e));
+            }
+        }
+        Ok(())
     }
 
     /// The number of ranks.
@@ -319,8 +559,6 @@ pub struct ProcessState {
     pub sent: Vec<u64>,
     /// Signals each rank has sent to this rank, over all earlier calls.
     pub received: Vec<u64>,
-    /// A call failed after some signals were enqueued: the ranks' counters disagree.
-    pub broken: bool,
 }
 
 impl ProcessState {
@@ -332,7 +570,6 @@ impl ProcessState {
             end: new_event(ctx, Some(rank))?,
             sent: vec![0; nranks],
             received: vec![0; nranks],
-            broken: false,
         })
     }
 }

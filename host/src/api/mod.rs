@@ -78,6 +78,8 @@ impl Communicator {
         op: RedOp,
         streams: &[S],
     ) -> Result<()> {
+        // A failed or aborted communicator runs nothing more.
+        self.health().check()?;
         if let Some(p) = self.process() {
             return self.collective_process(p, c, io, op, streams);
         }
@@ -89,6 +91,11 @@ impl Communicator {
         if c.count() == 0 {
             return Ok(());
         }
+        validate::context::check_contexts(
+            &validate::context::rank_contexts(self),
+            &checked.ptrs,
+            streams,
+        )?;
         // 2. Plan.
         let n = devices.len();
         let config = self.config();
@@ -189,6 +196,11 @@ impl Communicator {
         if c.count() == 0 {
             return Ok(());
         }
+        validate::context::check_contexts(
+            &validate::context::rank_contexts(self),
+            &checked.ptrs,
+            streams,
+        )?;
         if exec::capturing(streams)? {
             return Err(crate::Error::invalid(
                 Some(p.rank),
@@ -216,11 +228,12 @@ impl Communicator {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
                 let guards = track(io, streams, &checked.ptrs);
                 let mut state = p.lock();
-                p.ensure_scratch(&mut state, count.saturating_mul(size))?;
+                p.ensure_scratch(&mut state, count.saturating_mul(size), self.health())?;
                 let mut call = exec::process::ProcessCall {
                     me,
                     state: &mut state,
                     memops: &p.memops,
+                    health: self.health(),
                 };
                 let result =
                     exec::process::execute_oneshot(&mut call, T::DTYPE, op, mine, count, stream.as_ref());
@@ -249,12 +262,17 @@ impl Communicator {
         }
         // 3. Enqueue (scratch grows first, collectively, if this shape needs more).
         let mut state = p.lock();
-        p.ensure_scratch(&mut state, plan.prepared.schedule.scratch_len.saturating_mul(size))?;
+        p.ensure_scratch(
+            &mut state,
+            plan.prepared.schedule.scratch_len.saturating_mul(size),
+            self.health(),
+        )?;
         let guards = track(io, streams, &checked.ptrs);
         let mut call = exec::process::ProcessCall {
             me,
             state: &mut state,
             memops: &p.memops,
+            health: self.health(),
         };
         let result = exec::process::execute(
             &mut call,

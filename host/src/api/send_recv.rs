@@ -203,7 +203,10 @@ impl Communicator {
     /// must not overlap any other buffer of the group.
     ///
     /// The group runs as rounds in which every rank sends at most once and receives at most
-    /// once; a rank's transfers in later rounds follow on its stream.
+    /// once; a rank's transfers in later rounds follow on its stream. The group is atomic:
+    /// every round is planned before any is enqueued, and all are enqueued under one lock, so
+    /// no call from another thread lands between them; a failure after the first round went out
+    /// is [`Error::PartlyEnqueued`](crate::Error::PartlyEnqueued) (and fails the communicator).
     ///
     /// ```no_run
     /// use ringccl::{Communicator, SendRecv};
@@ -226,6 +229,7 @@ impl Communicator {
         pairs: &mut [SendRecv<'_, T>],
         streams: &[S],
     ) -> Result<()> {
+        self.health().check()?;
         let size = T::DTYPE.size();
         let devices = self.devices();
         let args: Vec<P2pArgs> = pairs.iter().map(SendRecv::args).collect();
@@ -233,6 +237,19 @@ impl Communicator {
         if rounds.is_empty() {
             return Ok(());
         }
+        let bufs: Vec<(usize, u64, crate::Arg)> = rounds
+            .iter()
+            .flatten()
+            .flat_map(|&i| {
+                let a = args[i];
+                [(a.from, a.send.ptr, crate::Arg::Send), (a.to, a.recv.ptr, crate::Arg::Recv)]
+            })
+            .collect();
+        super::validate::context::check_buffers(
+            &super::validate::context::rank_contexts(self),
+            &bufs,
+            streams,
+        )?;
         let capturing = exec::capturing(streams)?;
         let n = devices.len();
         let ring = self.ring();
@@ -252,7 +269,8 @@ impl Communicator {
                 ]
             })
             .collect();
-        let mut result = Ok(());
+        // Plan every round first: nothing is enqueued if one cannot be planned.
+        let mut planned = Vec::with_capacity(rounds.len());
         for round in &rounds {
             let mut ptrs = vec![RankPtrs { send: 0, recv: 0 }; n];
             let mut p2p = Vec::with_capacity(round.len());
@@ -268,22 +286,37 @@ impl Communicator {
             }
             let max = p2p.iter().map(|p| p.count).max().unwrap_or(0);
             let chunk = tuning::chunk_elems(max.saturating_mul(size), 1, T::DTYPE, self.config());
-            result = Prepared::new(schedule::send_recv(ring, &p2p, Layout::OutOfPlace, chunk))
-                .and_then(|p| {
-                    exec::ring::execute(
-                        &mut self.begin_call(),
-                        &p,
-                        T::DTYPE,
-                        RedOp::Sum,
-                        &ptrs,
-                        streams,
-                        capturing,
-                    )
+            let prepared = Prepared::new(schedule::send_recv(ring, &p2p, Layout::OutOfPlace, chunk))?;
+            planned.push((prepared, ptrs));
+        }
+        // One lock for the whole group.
+        let mut call = self.begin_call();
+        let mut result = Ok(());
+        for (i, (prepared, ptrs)) in planned.iter().enumerate() {
+            result = exec::ring::execute(
+                &mut call,
+                prepared,
+                T::DTYPE,
+                RedOp::Sum,
+                ptrs,
+                streams,
+                capturing,
+            );
+            if let Err(cause) = result {
+                result = Err(if i == 0 {
+                    cause
+                } else {
+                    let e = crate::Error::PartlyEnqueued {
+                        enqueued: (0..n).collect(),
+                        cause: Box::new(cause),
+                    };
+                    self.health().fail(e.clone());
+                    e
                 });
-            if result.is_err() {
                 break;
             }
         }
+        drop(call);
         drop(guards);
         result
     }

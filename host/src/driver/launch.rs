@@ -113,6 +113,27 @@ pub(crate) struct OneShotArgs<'a> {
     pub flags: &'a [u64],
     /// This rank.
     pub rank: usize,
+    /// The device address of the communicator's control block (see `gpu_kernels::oneshot`).
+    pub ctl: u64,
+    /// How long a wait at the barrier may last, in nanoseconds (0: until aborted).
+    pub timeout_ns: u64,
+}
+
+/// The arguments of one bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WaitArgs {
+    /// The flag word waited on.
+    pub flag: u64,
+    /// The value it must reach.
+    pub value: u64,
+    /// The device address of the control block.
+    pub ctl: u64,
+    /// How long the wait may last, in nanoseconds (0: until aborted).
+    pub timeout_ns: u64,
+    /// The status slot the wait reports in.
+    pub slot: u32,
+    /// The rank whose signal is awaited (reported on a timeout).
+    pub peer: u32,
 }
 
 /// A pointer to one kernel argument, as `cuLaunchKernel` takes it.
@@ -251,7 +272,7 @@ impl Kernels {
             args.flags[args.rank],
             args.rank as u32,
         );
-        let mut params = [std::ptr::null_mut(); 2 * MAX_RANKS + 7];
+        let mut params = [std::ptr::null_mut(); 2 * MAX_RANKS + 9];
         for (p, v) in params.iter_mut().zip(&s) {
             *p = param(v);
         }
@@ -267,9 +288,36 @@ impl Kernels {
             *p = param(v);
         }
         params[2 * MAX_RANKS + 6] = param(&rank);
+        params[2 * MAX_RANKS + 7] = param(&args.ctl);
+        params[2 * MAX_RANKS + 8] = param(&args.timeout_ns);
         // SAFETY: `ringccl_oneshot_*(u64 × MAX_RANKS, u32 nsrc, u64 dst, u64 tmp, u64 count,
-        // u32 postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank)`; the caller guarantees the
-        // memory.
+        // u32 postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns)`; the
+        // caller guarantees the memory.
+        unsafe { self.launch(stream, f, plan, &mut params) }
+    }
+
+    /// Enqueues a bounded wait on `stream`: the stream's later work starts once `*flag >=
+    /// value`, or once the wait gave up (abort word, timeout: status in the control block).
+    ///
+    /// # Safety
+    /// `args.flag` is a `u64` and `args.ctl` a control block (`gpu_kernels::oneshot::CTL_WORDS`
+    /// words), both accessible from this context and alive until the wait has run.
+    pub(crate) unsafe fn launch_wait(&self, stream: &CudaStream, args: &WaitArgs) -> Result<()> {
+        let f = &self.wait;
+        let mut params = [
+            param(&args.flag),
+            param(&args.value),
+            param(&args.ctl),
+            param(&args.timeout_ns),
+            param(&args.slot),
+            param(&args.peer),
+        ];
+        let plan = LaunchPlan {
+            blocks: 1,
+            threads: 32,
+        };
+        // SAFETY: `ringccl_wait_geq(u64 flag, u64 value, u64 ctl, u64 timeout_ns, u32 slot,
+        // u32 peer)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 

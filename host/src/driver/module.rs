@@ -219,6 +219,8 @@ pub struct Kernels {
     functions: Vec<CudaFunction>,
     max_threads: Vec<u32>,
     sm_count: u32,
+    /// The bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
+    pub(crate) wait: CudaFunction,
 }
 
 impl Kernels {
@@ -302,12 +304,19 @@ impl Kernels {
             max_threads.push(u32::try_from(limit).unwrap_or(1).max(1));
             functions.push(f);
         }
+        let wait_name = gpu_kernels::oneshot::WAIT_ENTRY;
+        let wait = module
+            .load_function(wait_name)
+            .map_err(|e| Error::Kernel {
+                reason: format!("entry point {wait_name} not found ({:?})", e.0),
+            })?;
         Ok(Kernels {
             rank,
             code: loaded,
             functions,
             max_threads,
             sm_count: u32::try_from(sm).unwrap_or(1).max(1),
+            wait,
         })
     }
 

@@ -7,6 +7,13 @@
 //! While capturing into a CUDA graph, the previous call's end is neither waited on nor recorded
 //! (see [`crate::exec`]); the kernels keep their epoch on the device, so replays of the graph
 //! stay in step.
+//!
+//! Containment: before anything is launched, every rank's context is checked (a fault from
+//! earlier work is sticky and fails the query of the rank's end event), so a dead GPU is named
+//! and no other rank's kernel is left waiting for it. If a launch still fails after some ranks'
+//! kernels went out, the communicator is failed at once: its abort word releases the launched
+//! kernels from the barrier within microseconds (they skip their work and end), and the call
+//! returns [`Error::PartlyEnqueued`].
 
 use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
@@ -14,7 +21,7 @@ use gpu_kernels::oneshot::MAX_RANKS;
 use super::{internal, record, scratch_for_call, wait, RankPtrs};
 use crate::driver::launch::OneShotArgs;
 use crate::resources::Call;
-use crate::{DataType, RedOp, Result};
+use crate::{DataType, Error, RedOp, Result};
 
 /// Enqueues a one-shot all-reduce of `count` elements. `ptrs[r].send` is rank `r`'s input and
 /// `ptrs[r].recv` its output; `in_place` when they are equal on every rank: each rank's result
@@ -64,6 +71,13 @@ pub fn execute<S: AsRef<CudaStream>>(
 
     // Everything that can fail without a launch is checked for every rank first: a one-shot
     // kernel launched on some ranks only would wait for the others at its barrier.
+    let health = call.health();
+    health.check()?;
+    if let Err(e) = call.check_contexts() {
+        health.fail(e.clone());
+        return Err(e);
+    }
+    let (ctl, timeout_ns) = (health.ctl(), health.timeout_ns());
     for r in 0..n {
         call.rank(r)?.kernels.oneshot_ready(dtype, op, n)?;
         call.end_event(r)?;
@@ -83,12 +97,15 @@ pub fn execute<S: AsRef<CudaStream>>(
                 postdiv,
                 flags: &flags[..n],
                 rank: r,
+                ctl,
+                timeout_ns,
             };
+            health.injected_failure(r)?;
             // SAFETY: the collective validated every rank's `count`-element buffers (inputs
             // and outputs on their own devices, outputs not partially overlapping inputs);
             // `tmp` is `count` elements of rank `r`'s scratch, sized above; the flag arrays
-            // are the communicator's, alive until its drop waits for this call's end; the
-            // caller checked peer access between every pair of ranks.
+            // are the communicator's, alive until its drop waits for this call's end (as is the
+            // control block); the caller checked peer access between every pair of ranks.
             unsafe { call.rank(r)?.kernels.launch_oneshot(stream, dtype, op, &args)? };
             launched += 1;
             if !capturing {
@@ -98,19 +115,28 @@ pub fn execute<S: AsRef<CudaStream>>(
         Ok(())
     };
     let issued = issue();
-    if issued.is_err() && launched > 0 {
-        // The launched ranks' device epochs have moved on without the others: never pair them
-        // again through the device barrier.
-        call.disable_oneshot();
-    }
-    if issued.is_err() && !capturing {
-        // Best effort, as in the ring executor. A rank whose kernel went out without its peers'
-        // traps after `gpu_kernels::oneshot::TIMEOUT_NS` instead of hanging.
+    let Err(cause) = issued else {
+        return Ok(());
+    };
+    if !capturing {
+        // Best effort, as in the ring executor: the next call (and the drop) waits for what
+        // went out.
         for (r, stream) in streams.iter().enumerate() {
             if let Ok(end) = call.end_event(r) {
                 let _ = end.record(stream.as_ref());
             }
         }
     }
-    issued
+    if launched == 0 {
+        return Err(cause);
+    }
+    // The launched ranks' kernels wait at the barrier for the others, which will never come:
+    // fail the communicator, which sets the abort word and releases them.
+    call.disable_oneshot();
+    let e = Error::PartlyEnqueued {
+        enqueued: (0..launched).collect(),
+        cause: Box::new(cause),
+    };
+    call.health().fail(e.clone());
+    Err(e)
 }

@@ -13,18 +13,23 @@
 //! 4. wait for the last signals of the peers that touched this rank's memory; record the end.
 //!
 //! A signal is a `cuStreamWriteValue64` of a growing counter into the peer's flag word (after
-//! the stream's earlier work, with a memory fence), a wait is a `cuStreamWaitValue64` until this
-//! rank's flag word reaches it. Nothing blocks the host. CUDA-graph capture is refused (the
-//! counters' values would be frozen into the graph).
+//! the stream's earlier work, with a memory fence), a wait is a one-thread kernel
+//! (`gpu_kernels::oneshot::WAIT_ENTRY`) that polls this rank's flag word until it reaches it,
+//! the communicator's abort word, and the clock: a peer that never signals (its process died)
+//! ends the wait after [`crate::Config::timeout`] with a status the host reports as
+//! [`Error::Timeout`], and an abort ends it at once (a `cuStreamWaitValue64` cannot be ended
+//! either way). Nothing blocks the host. CUDA-graph capture is refused (the counters' values
+//! would be frozen into the graph).
 
 use cudarc::driver::CudaStream;
 
 use super::ring::region_addr;
 use super::{internal, prim_for, record, traffic, wait, RankPtrs};
 use crate::driver::ipc::MemOps;
+use crate::driver::launch::WaitArgs;
 use crate::plan::signals::{Signal, SignalPlan};
 use crate::plan::Prepared;
-use crate::resources::{ProcessState, RankResources};
+use crate::resources::{Health, ProcessState, RankResources};
 use crate::schedule::{BufId, Region};
 use crate::{DataType, Error, RedOp, Result};
 
@@ -36,6 +41,8 @@ pub struct ProcessCall<'a> {
     pub state: &'a mut ProcessState,
     /// The stream memory operations.
     pub memops: &'a MemOps,
+    /// The control block and timeout of the device waits, and the failure state.
+    pub health: &'a Health,
 }
 
 impl ProcessCall<'_> {
@@ -58,8 +65,17 @@ impl ProcessCall<'_> {
             .flag(st.rank, s.peer)
             .ok_or_else(|| internal(format!("no flag word for rank {}", s.peer)))?;
         let value = st.received[s.peer] + s.k;
-        // SAFETY: `flag` is a word of this rank's own flag area.
-        unsafe { self.memops.wait_geq(stream, flag, value, st.rank) }
+        let args = WaitArgs {
+            flag,
+            value,
+            ctl: self.health.ctl(),
+            timeout_ns: self.health.timeout_ns(),
+            slot: 0,
+            peer: u32::try_from(s.peer).unwrap_or(u32::MAX),
+        };
+        // SAFETY: `flag` is a word of this rank's own flag area and the control block is the
+        // communicator's, both alive until its drop waits for this call's end.
+        unsafe { self.me.kernels.launch_wait(stream, &args) }
     }
 }
 
@@ -77,13 +93,7 @@ pub fn execute(
 ) -> Result<()> {
     let s = &p.schedule;
     let (r, n) = (call.state.rank, s.nranks);
-    if call.state.broken {
-        return Err(Error::Internal {
-            reason: "an earlier call of this communicator failed half-issued; its ranks are \
-                     out of step: destroy the communicator"
-                .into(),
-        });
-    }
+    call.health.check()?;
     if r >= n || call.state.sent.len() != n || sig.count.len() != n * n {
         return Err(internal(format!("rank {r} of {n}: signal counters do not match")));
     }
@@ -100,12 +110,20 @@ pub fn execute(
     }
     let mut ptrs = vec![RankPtrs::default(); n];
     ptrs[r] = mine;
-    let issued = issue(call, p, sig, dtype, op, &ptrs, stream);
-    if issued.is_err() {
+    let mut enqueued = false;
+    let issued = issue(call, p, sig, dtype, op, &ptrs, stream, &mut enqueued);
+    if let Err(cause) = issued {
+        if !enqueued {
+            return Err(cause);
+        }
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
-        // agree.
-        call.state.broken = true;
-        return issued;
+        // agree. The communicator is failed; its abort word ends the waits already enqueued.
+        let e = Error::PartlyEnqueued {
+            enqueued: vec![r],
+            cause: Box::new(cause),
+        };
+        call.health.fail(e.clone());
+        return Err(e);
     }
     for q in 0..n {
         call.state.sent[q] += sig.count[r * n + q];
@@ -114,6 +132,7 @@ pub fn execute(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn issue(
     call: &ProcessCall<'_>,
     p: &Prepared,
@@ -122,12 +141,15 @@ fn issue(
     op: RedOp,
     ptrs: &[RankPtrs],
     stream: &CudaStream,
+    enqueued: &mut bool,
 ) -> Result<()> {
     let s = &p.schedule;
     let r = call.state.rank;
     let size = dtype.size();
     let scratch = call.state.windows.scratch();
     wait(stream, &call.state.end, r)?;
+    // Anything after the first signal or wait leaves the ranks' counters out of step on failure.
+    *enqueued = true;
     for &x in &sig.start_send[r] {
         call.send(stream, x)?;
     }
@@ -218,6 +240,7 @@ pub fn execute_oneshot(
             .oneshot_flags(q)
             .ok_or_else(|| internal(format!("no flag array for rank {q}")))?;
     }
+    call.health.check()?;
     call.me.kernels.oneshot_ready(dtype, op, n)?;
     wait(stream, &st.end, r)?;
     // SAFETY: `mine.send` is `count` elements of this rank's input (validated by the
@@ -235,15 +258,26 @@ pub fn execute_oneshot(
         postdiv: u32::try_from(n).unwrap_or(u32::MAX),
         flags: &flags[..n],
         rank: r,
+        ctl: call.health.ctl(),
+        timeout_ns: call.health.timeout_ns(),
     };
     // SAFETY: every source is `count` elements of a rank's scratch mapped in this process, the
     // destination this rank's validated output; the flag arrays are the ranks' flag areas,
-    // mapped for the communicator's life and used by no one but its one-shot kernels.
-    let launched = unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) };
-    if launched.is_err() {
-        // The peers' kernels wait at the barrier for this one: the job cannot go on.
-        call.state.broken = true;
-        return launched;
+    // mapped for the communicator's life and used by no one but its one-shot kernels; the
+    // control block is the communicator's.
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) });
+    if let Err(cause) = launched {
+        // The peers' kernels wait at the barrier for this one (until their timeout): the job
+        // cannot go on.
+        let e = Error::PartlyEnqueued {
+            enqueued: vec![r],
+            cause: Box::new(cause),
+        };
+        call.health.fail(e.clone());
+        return Err(e);
     }
     record(&call.state.end, stream, r)
 }

@@ -16,6 +16,10 @@
 //! | scatter | root: `n * recvcount` | `recvcount` | root: `recv == send + root * recvcount` |
 //!
 //! ringccl needs either every rank in place or none (NCCL allows a mix): a mix is rejected.
+//!
+//! After these pure checks, [`context`] asks the driver whether each stream and buffer belongs
+//! to the context ringccl uses on the rank's device, and whether pool memory is accessible
+//! from the peers that touch it.
 
 use super::buffer::{RankArgs, RawBuf};
 use super::collective::{Collective, Need};
@@ -431,5 +435,6 @@ pub fn validate_held(
     Ok(Validated { layout, ptrs })
 }
 
+pub(crate) mod context;
 #[cfg(test)]
 mod tests;
