@@ -138,10 +138,10 @@ impl ProcessRank {
         }
         let rank = self.rank;
         let done = poll_until(health.timeout(), || {
+            health.check()?;
             if let Some(e) = health.device_status() {
                 return Err(e);
             }
-            health.check()?;
             match state.end.try_is_complete() {
                 Ok(true) => Ok(Some(())),
                 Ok(false) => Ok(None),
@@ -678,10 +678,13 @@ impl Communicator {
     /// Waits until no rank has pending work (see [`Communicator::synchronize`]).
     fn wait_idle(&self, limit: Option<Duration>) -> Result<()> {
         let done = poll_until(limit, || {
+            // The first failure (it names its cause), then what the kernels reported.
+            if let Some(e) = self.health.failure() {
+                return Err(e);
+            }
             if let Some(e) = self.health.device_status() {
                 return Err(e);
             }
-            self.health.check()?;
             Ok(self.pending_rank()?.is_none().then_some(()))
         });
         match done {
@@ -695,17 +698,18 @@ impl Communicator {
                 ),
             }),
             Err(e) => {
-                if !matches!(e, Error::Aborted { .. }) {
-                    self.health.fail(e.clone());
-                }
+                self.health.fail(e.clone());
                 Err(e)
             }
         }
     }
 
     /// The first rank whose work has not finished (the end of its last call, the
-    /// communicator's own stream), `None` if all are done; a CUDA error of a rank's context.
+    /// communicator's own stream), `None` if all are done; a CUDA error of any rank's context
+    /// first (every rank is queried: a dead GPU is named even while another rank still waits).
     fn pending_rank(&self) -> Result<Option<usize>> {
+        use cudarc::driver::sys::{cuStreamQuery, CUresult};
+        let mut pending = None;
         {
             let state = self.lock_state();
             for ((rank, st), &r) in self.ranks.iter().zip(state.iter()).zip(&self.local) {
@@ -713,13 +717,10 @@ impl Communicator {
                     .end
                     .try_is_complete()
                     .map_err(|e| Error::cuda("cuEventQuery", Some(r), e))?;
-                if !done {
-                    return Ok(Some(r));
-                }
                 // SAFETY: the stream is alive (held by `rank`).
-                match unsafe { cudarc::driver::sys::cuStreamQuery(rank.stream.cu_stream()) } {
-                    cudarc::driver::sys::CUresult::CUDA_SUCCESS => {}
-                    cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(Some(r)),
+                let idle = match unsafe { cuStreamQuery(rank.stream.cu_stream()) } {
+                    CUresult::CUDA_SUCCESS => true,
+                    CUresult::CUDA_ERROR_NOT_READY => false,
                     code => {
                         return Err(Error::Cuda {
                             call: "cuStreamQuery",
@@ -727,6 +728,9 @@ impl Communicator {
                             rank: Some(r),
                         })
                     }
+                };
+                if !(done && idle) && pending.is_none() {
+                    pending = Some(r);
                 }
             }
         }
@@ -736,11 +740,11 @@ impl Communicator {
                 .end
                 .try_is_complete()
                 .map_err(|e| Error::cuda("cuEventQuery", Some(p.rank), e))?;
-            if !done {
-                return Ok(Some(p.rank));
+            if !done && pending.is_none() {
+                pending = Some(p.rank);
             }
         }
-        Ok(None)
+        Ok(pending)
     }
 
     /// Test hook (fault injection): the next kernel launch on `rank` by a one-shot all-reduce

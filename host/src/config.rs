@@ -365,7 +365,7 @@ fn parse_seconds(s: &str) -> std::result::Result<std::time::Duration, String> {
 /// Seconds, or `0` for no limit.
 fn parse_timeout(s: &str) -> std::result::Result<Option<std::time::Duration>, String> {
     match s.parse::<f64>() {
-        Ok(v) if v == 0.0 => Ok(None),
+        Ok(0.0) => Ok(None),
         Ok(_) => parse_seconds(s).map(Some),
         Err(_) => Err("expected a number of seconds (0: no limit)".into()),
     }

@@ -247,7 +247,8 @@ impl Health {
         self.timeout
     }
 
-    /// `Err(Error::Aborted)` once the communicator has failed or been aborted.
+    /// `Err(Error::Aborted)` once the communicator has failed or been aborted (the reason names
+    /// the first failure).
     pub fn check(&self) -> Result<()> {
         if !self.is_failed.load(Ordering::Acquire) {
             return Ok(());

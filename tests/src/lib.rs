@@ -188,13 +188,14 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
         }
         EntryKind::ReduceCopy => args.len() == 6 && u64s(&args[..5]) && !args[5].is_u64(),
         EntryKind::OneShot => {
-            args.len() == 23
+            args.len() == 25
                 && u64s(&args[..8])
                 && !args[8].is_u64()
                 && u64s(&args[9..12])
                 && !args[12].is_u64()
                 && u64s(&args[13..22])
                 && !args[22].is_u64()
+                && u64s(&args[23..])
         }
     }
 }

@@ -1456,7 +1456,7 @@ fn send_recv_for<T: Elem>(env: &Env, tally: &mut Tally) {
 /// check: `x` equals the host's replay of the same sequence (wrapping u64 sums, exact), `y` the
 /// sum of the fixed inputs, the fixed inputs unchanged, all ranks identical. A race between a
 /// rank's in-place write and a peer's read, or a lost barrier epoch, changes `x`; a deadlock
-/// hangs (the kernels trap after 60 s). Prints the mean time per call.
+/// ends in a timeout error instead of a result (`Config::timeout`). Prints the mean time per call.
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
 fn oneshot_all_reduce_back_to_back() {
