@@ -47,6 +47,9 @@ pub struct RankResources {
     pub flags: OneShotFlags,
     /// Launch caps on this device.
     pub caps: BlockCaps,
+    /// The device's memory pool current at creation (as an address; 0: none), to which peer
+    /// access is granted with the context's (see `driver::enable_peer_access`).
+    pub granted_pool: usize,
 }
 
 impl RankResources {
@@ -65,6 +68,12 @@ impl RankResources {
             .map_err(|e| Error::cuda("cuDeviceGetName", r, e))?;
         let flags = OneShotFlags::new(&ctx, &stream, rank)?;
         let caps = BlockCaps::new(kernels.sm_count(), config);
+        let granted_pool = if ctx.has_async_alloc() {
+            // SAFETY: `cu_device` comes from `cuDeviceGet` (inside `CudaContext::new`).
+            unsafe { result::device::get_mem_pool(ctx.cu_device()) }.map_or(0, |p| p as usize)
+        } else {
+            0
+        };
         Ok(RankResources {
             ordinal,
             ctx,
@@ -73,6 +82,7 @@ impl RankResources {
             name,
             flags,
             caps,
+            granted_pool,
         })
     }
 }
@@ -294,7 +304,11 @@ impl Health {
             let Some((code, peer)) = status::decode(word) else {
                 continue;
             };
-            let rank = self.slot_ranks.get(slot).copied();
+            // A rank of a job of processes holds one rank: every slot is its.
+            let rank = match self.slot_ranks.as_slice() {
+                [only] => Some(*only),
+                all => all.get(slot).copied(),
+            };
             let peer = usize::try_from(peer).ok();
             if code == status::TIMEOUT {
                 let what = match self.timeout {

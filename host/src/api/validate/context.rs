@@ -7,7 +7,8 @@
 //! with [`Error::InvalidArgument`] before anything is enqueued.
 //!
 //! The driver is asked only what it answers in a few hundred nanoseconds (`cuStreamGetCtx`,
-//! one `cuPointerGetAttributes` per buffer, `cuMemPoolGetAccess` per peer for pool memory), and
+//! one `cuPointerGetAttributes` per buffer, `cuMemPoolGetAccess` per peer for memory of a pool
+//! other than the device's pool that ringccl granted its peers access to at creation), and
 //! only positive evidence rejects: memory the driver does not describe (virtual memory
 //! management mappings, registered host memory) is left to the ordinal checks.
 
@@ -26,6 +27,8 @@ pub(crate) struct RankCtx<'a> {
     pub ctx: &'a CudaContext,
     /// Devices of the peers that access this rank's buffers directly.
     pub peer_devices: Vec<usize>,
+    /// The device's pool that ringccl granted those peers access to (0: none).
+    pub granted_pool: usize,
 }
 
 /// Checks every rank's stream and buffers against its context (see the module docs).
@@ -74,11 +77,7 @@ fn check_stream(rc: &RankCtx<'_>, stream: &CudaStream) -> Result<()> {
     // SAFETY: `raw` is a live stream (borrowed from the caller); `ctx` is a valid out-pointer.
     let r = unsafe { sys::cuStreamGetCtx(raw, &mut ctx) };
     if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::invalid(
-            Some(rc.rank),
-            Arg::Stream,
-            format!("the driver cannot tell the stream's context (cuStreamGetCtx: {r:?})"),
-        ));
+        return Err(query_failed("cuStreamGetCtx", r, rc.rank, Arg::Stream));
     }
     if !ctx.is_null() && ctx != rc.ctx.cu_ctx() {
         return Err(Error::invalid(
@@ -109,13 +108,13 @@ fn check_buffer(rc: &RankCtx<'_>, addr: u64, arg: Arg) -> Result<()> {
     // the driver does not know gets default values, not an error.
     let r = unsafe { sys::cuPointerGetAttributes(3, attrs.as_mut_ptr(), data.as_mut_ptr(), addr) };
     if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::invalid(
-            Some(rc.rank),
-            arg,
-            format!("the driver cannot describe the buffer at {addr:#x} (cuPointerGetAttributes: {r:?})"),
-        ));
+        return Err(query_failed("cuPointerGetAttributes", r, rc.rank, arg));
     }
-    if !ctx.is_null() && ctx != rc.ctx.cu_ctx() {
+    // Pool memory belongs to the pool, not to a context: its access is what matters.
+    if !pool.is_null() && pool as usize != rc.granted_pool {
+        check_pool(rc, pool, arg)?;
+    }
+    if pool.is_null() && !ctx.is_null() && ctx != rc.ctx.cu_ctx() {
         return Err(Error::invalid(
             Some(rc.rank),
             arg,
@@ -133,9 +132,11 @@ fn check_buffer(rc: &RankCtx<'_>, addr: u64, arg: Arg) -> Result<()> {
             ),
         ));
     }
-    if pool.is_null() {
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// Every peer device that touches this rank's buffers directly can read and write `pool`.
+fn check_pool(rc: &RankCtx<'_>, pool: sys::CUmemoryPool, arg: Arg) -> Result<()> {
     for &peer in &rc.peer_devices {
         let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
         let mut loc = sys::CUmemLocation {
@@ -162,6 +163,25 @@ fn check_buffer(rc: &RankCtx<'_>, addr: u64, arg: Arg) -> Result<()> {
     Ok(())
 }
 
+/// A driver query that failed: a bad handle is the caller's argument; anything else (a context
+/// that faulted earlier: its errors are sticky) is the rank's CUDA error.
+fn query_failed(call: &'static str, r: sys::CUresult, rank: usize, arg: Arg) -> Error {
+    match r {
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE | sys::CUresult::CUDA_ERROR_INVALID_HANDLE => {
+            Error::invalid(
+                Some(rank),
+                arg,
+                format!("the driver does not know it ({call}: {r:?})"),
+            )
+        }
+        _ => Error::Cuda {
+            call,
+            code: format!("{r:?}"),
+            rank: Some(rank),
+        },
+    }
+}
+
 /// The [`RankCtx`] of every rank `comm` holds, in [`Communicator::local_ranks`] order.
 ///
 /// [`Communicator::local_ranks`]: crate::Communicator::local_ranks
@@ -173,6 +193,7 @@ pub(crate) fn rank_contexts(comm: &crate::Communicator) -> Vec<RankCtx<'_>> {
         .map(|&r| RankCtx {
             rank: r,
             ctx: comm.context(r),
+            granted_pool: comm.resources(r).granted_pool,
             // Ranks of other processes reach this rank only in its scratch.
             peer_devices: if single_process {
                 local

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs the reliability suite, the stress test, the collective and multi-process suites and the
+# sanitizer runs on a GPU machine, from release test binaries built elsewhere
+# (`cargo test --release -p ringccl-tests --no-run`, copied as DIR/test-<name>).
+#   scripts/reliability-run.sh DIR [BUDGET_S]
+# Every step runs under a timeout and is skipped once BUDGET_S seconds (default 280) have
+# passed, so a hang cannot eat the run. Logs go to $OUT (default /tmp/ringccl-reliability), one
+# <step>.log per step, re-packed into $OUT/logs.tar.gz after each step; a summary is printed
+# last, and the script exits non-zero if a step failed.
+set -uo pipefail
+D=${1:?directory with the test binaries}
+BUDGET=${2:-280}
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/ringccl-reliability}
+mkdir -p "$OUT/logs"
+export NCCL_NVLS_ENABLE=0
+export RUST_BACKTRACE=1
+if ! ldconfig -p | grep -q 'libnccl\.so '; then
+  lib=$(ldconfig -p | awk '/libnccl\.so\.2 /{print $NF; exit}')
+  if [ -n "$lib" ]; then
+    mkdir -p /tmp/ncclso && ln -sf "$lib" /tmp/ncclso/libnccl.so
+    export LD_LIBRARY_PATH=/tmp/ncclso:${LD_LIBRARY_PATH:-}
+  fi
+fi
+SUMMARY=()
+FAILED=0
+pack() { tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null; }
+step() { # name limit cmd...
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  if [ $((SECONDS + 5)) -ge "$BUDGET" ]; then
+    SUMMARY+=("$name: skipped (budget)")
+    return
+  fi
+  [ $((SECONDS + limit)) -gt "$BUDGET" ] && limit=$((BUDGET - SECONDS))
+  echo "=== $name (<= $limit s): $*" | tee -a "$OUT/logs/steps.log"
+  timeout "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
+  rc=$?
+  [ "$rc" -ne 0 ] && FAILED=$((FAILED + 1))
+  tail -n 4 "$OUT/logs/$name.log"
+  SUMMARY+=("$name: exit $rc, $((SECONDS - t0)) s; $(grep -E 'test result|stress:|ERROR SUMMARY|every sanitizer|us per call' "$OUT/logs/$name.log" | tail -n 2 | tr '\n' ' ' | cut -c1-220)")
+  pack
+}
+nvidia-smi --query-gpu=index,name,driver_version --format=csv >"$OUT/logs/gpus.txt" 2>&1
+R="$D/test-reliability"
+T=(--include-ignored --test-threads=1 --nocapture --exact)
+step late-peer 30 "$R" "${T[@]}" a_late_peer_times_out_and_the_gpus_stay_usable
+step injected 20 "$R" "${T[@]}" an_injected_launch_failure_releases_the_launched_ranks
+step fault 40 "$R" "${T[@]}" a_fault_on_one_gpu_is_named_and_contained
+step foreign 20 "$R" "${T[@]}" foreign_streams_and_buffers_are_rejected
+step launch-blocking 40 "$R" "${T[@]}" launch_blocking_small_all_reduces_complete
+step process-timeouts 30 "$R" "${T[@]}" process_ranks_time_out_and_abort
+step kill-9 60 "$R" "${T[@]}" a_killed_process_makes_its_peer_fail_in_time
+step stress 90 "$D/test-stress" --include-ignored --test-threads=1 --nocapture
+step collectives 120 "$D/test-collectives" --include-ignored --test-threads=1 --nocapture
+step multi-process 60 "$D/test-multi_process" --include-ignored --test-threads=1 --nocapture \
+  every_collective_across_processes
+step memcheck 100 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot injected stress" \
+  bash "$HERE/sanitize.sh" "$D" memcheck
+step racecheck 40 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot" \
+  bash "$HERE/sanitize.sh" "$D" racecheck
+step synccheck 60 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot late-peer" \
+  bash "$HERE/sanitize.sh" "$D" synccheck
+echo
+echo "=== summary"
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/logs/summary.txt"
+pack
+[ "$FAILED" -eq 0 ] || { echo "=== $FAILED step(s) failed"; exit 1; }
