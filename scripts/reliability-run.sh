@@ -4,7 +4,8 @@
 # (`cargo test --release -p ringccl-tests --no-run`, copied as DIR/test-<name>).
 #   scripts/reliability-run.sh DIR [BUDGET_S]
 # Every step runs under a timeout and is skipped once BUDGET_S seconds (default 280) have
-# passed, so a hang cannot eat the run. Logs go to $OUT (default /tmp/ringccl-reliability), one
+# passed, so a hang cannot eat the run. STEPS="name ..." runs only those steps, in that order
+# (names as in the summary). Logs go to $OUT (default /tmp/ringccl-reliability), one
 # <step>.log per step, re-packed into $OUT/logs.tar.gz after each step; a summary is printed
 # last, and the script exits non-zero if a step failed.
 set -uo pipefail
@@ -24,7 +25,12 @@ if ! ldconfig -p | grep -q 'libnccl\.so '; then
 fi
 SUMMARY=()
 FAILED=0
-pack() { tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null; }
+# PACK_TO (optional): a directory that also gets the packed logs after each step.
+pack() {
+  tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null
+  [ -n "${PACK_TO:-}" ] && cp "$OUT/logs.tar.gz" "$PACK_TO/" 2>/dev/null
+  return 0
+}
 step() { # name limit cmd...
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
@@ -44,23 +50,33 @@ step() { # name limit cmd...
 nvidia-smi --query-gpu=index,name,driver_version --format=csv >"$OUT/logs/gpus.txt" 2>&1
 R="$D/test-reliability"
 T=(--include-ignored --test-threads=1 --nocapture --exact)
-step late-peer 30 "$R" "${T[@]}" a_late_peer_times_out_and_the_gpus_stay_usable
-step injected 20 "$R" "${T[@]}" an_injected_launch_failure_releases_the_launched_ranks
-step fault 40 "$R" "${T[@]}" a_fault_on_one_gpu_is_named_and_contained
-step foreign 20 "$R" "${T[@]}" foreign_streams_and_buffers_are_rejected
-step launch-blocking 40 "$R" "${T[@]}" launch_blocking_small_all_reduces_complete
-step process-timeouts 30 "$R" "${T[@]}" process_ranks_time_out_and_abort
-step kill-9 60 "$R" "${T[@]}" a_killed_process_makes_its_peer_fail_in_time
-step stress 90 "$D/test-stress" --include-ignored --test-threads=1 --nocapture
-step collectives 120 "$D/test-collectives" --include-ignored --test-threads=1 --nocapture
-step multi-process 60 "$D/test-multi_process" --include-ignored --test-threads=1 --nocapture \
-  every_collective_across_processes
-step memcheck 100 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot injected stress" \
-  bash "$HERE/sanitize.sh" "$D" memcheck
-step racecheck 40 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot" \
-  bash "$HERE/sanitize.sh" "$D" racecheck
-step synccheck 60 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot late-peer" \
-  bash "$HERE/sanitize.sh" "$D" synccheck
+run_step() {
+  case $1 in
+    late-peer) step late-peer 30 "$R" "${T[@]}" a_late_peer_times_out_and_the_gpus_stay_usable ;;
+    injected) step injected 20 "$R" "${T[@]}" an_injected_launch_failure_releases_the_launched_ranks ;;
+    fault) step fault 40 "$R" "${T[@]}" a_fault_on_one_gpu_is_named_and_contained ;;
+    foreign) step foreign 20 "$R" "${T[@]}" foreign_streams_and_buffers_are_rejected ;;
+    launch-blocking) step launch-blocking 40 "$R" "${T[@]}" launch_blocking_small_all_reduces_complete ;;
+    process-timeouts) step process-timeouts 30 "$R" "${T[@]}" process_ranks_time_out_and_abort ;;
+    kill-9) step kill-9 60 "$R" "${T[@]}" a_killed_process_makes_its_peer_fail_in_time ;;
+    stress) step stress 90 "$D/test-stress" --include-ignored --test-threads=1 --nocapture ;;
+    collectives) step collectives 120 "$D/test-collectives" --include-ignored --test-threads=1 --nocapture ;;
+    multi-process) step multi-process 60 "$D/test-multi_process" --include-ignored --test-threads=1 \
+      --nocapture every_collective_across_processes ;;
+    memcheck) step memcheck 100 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot injected stress" \
+      bash "$HERE/sanitize.sh" "$D" memcheck ;;
+    racecheck) step racecheck 40 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot" \
+      bash "$HERE/sanitize.sh" "$D" racecheck ;;
+    synccheck) step synccheck 60 env OUT="$OUT/logs/sanitize" SANITIZE_TESTS="oneshot late-peer" \
+      bash "$HERE/sanitize.sh" "$D" synccheck ;;
+    *) SUMMARY+=("$1: unknown step"); FAILED=$((FAILED + 1)) ;;
+  esac
+}
+ALL="late-peer injected fault foreign launch-blocking process-timeouts kill-9 stress collectives \
+multi-process memcheck racecheck synccheck"
+for s in ${STEPS:-$ALL}; do
+  run_step "$s"
+done
 echo
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/logs/summary.txt"

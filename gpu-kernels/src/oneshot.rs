@@ -8,20 +8,22 @@
 //! * word `2 * p`: the last call in which rank `p` *arrived* (its input is ready);
 //! * word `2 * p + 1`: the last call in which rank `p` *departed* (it is done reading my input);
 //! * word [`COUNTER`]: how many one-shot calls this rank has run (written by the kernel itself,
-//!   so the epoch needs no host state and a CUDA graph that replays the kernel stays correct).
+//!   so the epoch needs no host state and a CUDA graph that replays the kernel stays correct);
+//! * word [`FAILED`]: the last epoch in which a wait of this rank's kernel gave up.
 //!
 //! One call, epoch `e = counter + 1` (the same on every rank: every rank runs the same sequence
 //! of one-shot kernels):
 //! 1. **arrive**: thread `t < nranks, t != rank` release-stores `e` (system scope) into word
 //!    `2 * rank` of rank `t`'s flags, then waits until word `2 * t` of my flags is `≥ e`
-//!    (acquire, system scope); a block-wide barrier that also tells every thread whether any
-//!    wait failed.
+//!    (acquire, system scope); a thread whose wait gives up writes `e` into word [`FAILED`];
+//!    `bar.sync`, after which every thread reads whether any wait failed.
 //! 2. **compute** (only if every wait succeeded): the whole block folds the `nranks` inputs in
 //!    rank order `0..n` (the same on every rank, so all ranks' results are bit-identical) into
 //!    `dst`, or into `tmp` when the call is in place (my input is my output, and peers are still
 //!    reading it).
-//! 3. **depart** (likewise): barrier; thread `t` release-stores `e` into word `2 * rank + 1` of
-//!    rank `t`'s flags, then waits until word `2 * t + 1` of mine is `≥ e`; barrier. After this
+//! 3. **depart** (likewise): `bar.sync`; thread `t` release-stores `e` into word `2 * rank + 1`
+//!    of rank `t`'s flags, then waits until word `2 * t + 1` of mine is `≥ e`; `bar.sync` and the
+//!    failure check again. After this
 //!    no peer reads my input any more, so the caller may overwrite it once the kernel is done.
 //! 4. in place only (and only if every wait succeeded): copy `tmp` to `dst`. Thread 0 stores `e`
 //!    into the counter.
@@ -49,6 +51,11 @@ pub const FLAG_WORDS: usize = 32;
 
 /// Index of the word that counts the rank's one-shot calls.
 pub const COUNTER: usize = 16;
+
+/// Index of the word in which a thread whose wait failed writes the call's epoch, so that after
+/// the next barrier every thread of the block skips the rest of the call (epochs only grow:
+/// nothing is cleared).
+pub const FAILED: usize = 17;
 
 /// Most ranks a one-shot all-reduce supports: the `ringccl_oneshot_*` entry points have one
 /// source slot (`s0..s7`) and one flag slot (`f0..f7`) per rank (see [`crate::entry`]).
@@ -109,7 +116,7 @@ pub const WAIT_ENTRY: &str = "ringccl_wait_geq";
 
 #[cfg(target_arch = "nvptx64")]
 mod dev {
-    use super::{status, COUNTER, CTL_ABORT, CTL_STATUS, MAX_RANKS, SPIN_POLLS};
+    use super::{status, COUNTER, CTL_ABORT, CTL_STATUS, FAILED, MAX_RANKS, SPIN_POLLS};
     use crate::element::Element;
     use crate::op::{ReduceOp, Sum};
     use crate::prim::{reduce_copy, Grid};
@@ -166,27 +173,18 @@ mod dev {
         v
     }
 
-    /// A block-wide barrier that returns whether `pred` was true in any thread of the block
-    /// (`barrier.red.or.pred`, the unaligned form: safe wherever the compiler places it).
+    /// A block-wide barrier (`bar.sync`: the compiler never duplicates it) after which every
+    /// thread knows whether a wait of this call failed in any thread: a thread whose wait
+    /// failed has written `epoch` into `fail` before it.
+    ///
+    /// # Safety
+    /// `fail` is this rank's [`FAILED`](super::FAILED) word; every thread of the block calls
+    /// this at the same point.
     #[inline(always)]
-    fn sync_any(pred: bool) -> bool {
-        let any: u32;
-        // SAFETY: a barrier over the whole block, reached by every thread of every kernel that
-        // calls it (no early returns before it); no memory is touched.
-        unsafe {
-            asm!(
-                "{{",
-                ".reg .pred %rccl_in, %rccl_any;",
-                "setp.ne.u32 %rccl_in, {0}, 0;",
-                "barrier.red.or.pred %rccl_any, 0, %rccl_in;",
-                "selp.u32 {1}, 1, 0, %rccl_any;",
-                "}}",
-                in(reg32) pred as u32,
-                out(reg32) any,
-                options(nostack, preserves_flags)
-            )
-        }
-        any != 0
+    unsafe fn sync_failed(fail: *const u64, epoch: u64) -> bool {
+        _syncthreads();
+        // SAFETY: per the caller; written before the barrier, which orders block-wide.
+        unsafe { core::ptr::read_volatile(fail) == epoch }
     }
 
     /// Records how the wait of `slot` for `peer` gave up, unless an earlier cause is recorded.
@@ -319,12 +317,14 @@ mod dev {
             }
 
             // 1. Arrive: my input is ready; wait until every peer's is.
-            let mut ok = true;
+            let fail = my_flags.add(FAILED);
             if peer {
                 store_release(theirs.add(2 * rank), epoch);
-                ok = wait_at_least(my_flags.add(2 * tid), epoch, ctl, timeout_ns, rank, tid);
+                if !wait_at_least(my_flags.add(2 * tid), epoch, ctl, timeout_ns, rank, tid) {
+                    core::ptr::write_volatile(fail, epoch);
+                }
             }
-            let failed = sync_any(!ok);
+            let failed = sync_failed(fail, epoch);
 
             // 2. Compute, in rank order (not after a failed wait: a peer's input may not be
             // ready, and the call has failed anyway).
@@ -345,9 +345,11 @@ mod dev {
             _syncthreads();
             if peer && !failed {
                 store_release(theirs.add(2 * rank + 1), epoch);
-                ok = wait_at_least(my_flags.add(2 * tid + 1), epoch, ctl, timeout_ns, rank, tid);
+                if !wait_at_least(my_flags.add(2 * tid + 1), epoch, ctl, timeout_ns, rank, tid) {
+                    core::ptr::write_volatile(fail, epoch);
+                }
             }
-            let failed = sync_any(!ok) || failed;
+            let failed = sync_failed(fail, epoch);
 
             // 4. In place: nobody reads my input any more; overwrite it with the result.
             if !tmp.is_null() && !failed {

@@ -435,13 +435,26 @@ impl<'a> Call<'a> {
         self.health
     }
 
-    /// Checks every rank's context before anything is launched: a context with an error from
-    /// earlier work (a kernel fault is sticky) fails the query of the rank's end event. Costs one
-    /// `cuEventQuery` per rank.
-    pub fn check_contexts(&self) -> Result<()> {
+    /// Checks every rank's context before anything is launched on the call's `streams`: a
+    /// fault of earlier work is sticky, and the driver returns it from a query of the stream
+    /// or of the rank's end event. Costs two queries per rank.
+    pub fn check_contexts<S: AsRef<CudaStream>>(&self, streams: &[S]) -> Result<()> {
         for (r, st) in self.state.iter().enumerate() {
             if let Err(e) = st.end.try_is_complete() {
                 return Err(Error::cuda("cuEventQuery", Some(r), e));
+            }
+            if let Some(stream) = streams.get(r) {
+                // SAFETY: the stream is alive (borrowed from the caller).
+                match unsafe { sys::cuStreamQuery(stream.as_ref().cu_stream()) } {
+                    sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                    code => {
+                        return Err(Error::Cuda {
+                            call: "cuStreamQuery",
+                            code: format!("{code:?}"),
+                            rank: Some(r),
+                        })
+                    }
+                }
             }
         }
         Ok(())

@@ -66,8 +66,11 @@ fn test_kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
     module.load_function(name).expect("a test kernel")
 }
 
-/// Enqueues `ringccl_test_spin` for `d` on `stream`.
-fn spin(stream: &Arc<CudaStream>, d: Duration) {
+/// Enqueues `ringccl_test_spin` for `d` on `stream`. Returns the kernel: keep it until the
+/// spin is over (dropping the last handle of its module unloads it, which waits for the kernel
+/// to end).
+#[must_use = "dropping the kernel unloads its module, which waits for the spin to end"]
+fn spin(stream: &Arc<CudaStream>, d: Duration) -> CudaFunction {
     let f = test_kernel(stream.context(), "ringccl_test_spin");
     let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let cfg = LaunchConfig {
@@ -77,6 +80,7 @@ fn spin(stream: &Arc<CudaStream>, d: Duration) {
     };
     // SAFETY: the kernel takes one u64 and touches no memory.
     unsafe { stream.launch_builder(&f).arg(&ns).launch(cfg) }.expect("launch the spin kernel");
+    f
 }
 
 fn need_two_gpus() {
@@ -184,6 +188,8 @@ fn a_late_peer_times_out_and_the_gpus_stay_usable() {
     )
     .expect("communicator");
     let count = 1024; // 4 KiB of f32: one-shot
+                      // A first call (the driver loads kernels on first use, which can wait for a busy context).
+    checked_all_reduce(&comm, count);
     let mut bufs: Vec<_> = (0..2)
         .map(|r| {
             comm.stream(r)
@@ -191,12 +197,14 @@ fn a_late_peer_times_out_and_the_gpus_stay_usable() {
                 .expect("upload")
         })
         .collect();
-    spin(comm.stream(1), Duration::from_secs(5));
+    comm.synchronize().expect("uploads");
+    let spinning = spin(comm.stream(1), Duration::from_secs(5));
     let t0 = Instant::now();
     let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
     comm.all_reduce(&mut io, count, RedOp::Sum, comm.streams())
         .expect("the call is enqueued");
     drop(io);
+    println!("late peer: the call returned after {:?}", t0.elapsed());
     let e = comm
         .synchronize_timeout(Duration::from_secs(4))
         .expect_err("rank 1 is 5 s late: the call must time out");
@@ -225,6 +233,7 @@ fn a_late_peer_times_out_and_the_gpus_stay_usable() {
     let t1 = Instant::now();
     drop(comm);
     println!("drop after the timeout: {:?}", t1.elapsed());
+    drop(spinning);
     assert!(t1.elapsed() < Duration::from_secs(12));
     drop(bufs);
     gpu_usable(0);
@@ -350,6 +359,9 @@ fn fault_inner() {
     let t0 = Instant::now();
     // SAFETY: deliberately faults GPU 1's context (this process exists for it).
     unsafe { comm.stream(1).launch_builder(&f).arg(&bad).launch(cfg) }.expect("launch");
+    // The fault happens before the call (a call whose kernels are already running when a peer
+    // faults can still be hit by it: see docs/RELIABILITY.md).
+    std::thread::sleep(Duration::from_millis(200));
     let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
     let called = comm.all_reduce(&mut io, 1024, RedOp::Sum, comm.streams());
     drop(io);

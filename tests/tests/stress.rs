@@ -154,19 +154,20 @@ impl Case {
         }
     }
 
-    /// Elements of rank `r`'s send and receive buffers (0: not passed).
-    fn lens(&self, r: usize, n: usize) -> (usize, usize) {
+    /// Elements of rank `r`'s send and receive buffers (`None`: not passed).
+    fn lens(&self, r: usize, n: usize) -> (Option<usize>, Option<usize>) {
         let c = self.count;
         let root = r == self.root;
+        let only = |yes: bool, len: usize| yes.then_some(len);
         match self.coll {
-            Coll::AllReduce => (c, c),
-            Coll::ReduceScatter => (n * c, c),
-            Coll::AllGather => (c, n * c),
-            Coll::Broadcast => (if root { c } else { 0 }, c),
-            Coll::Reduce => (c, if root { c } else { 0 }),
-            Coll::AllToAll => (n * c, n * c),
-            Coll::Gather => (c, if root { n * c } else { 0 }),
-            Coll::Scatter => (if root { n * c } else { 0 }, c),
+            Coll::AllReduce => (Some(c), Some(c)),
+            Coll::ReduceScatter => (Some(n * c), Some(c)),
+            Coll::AllGather => (Some(c), Some(n * c)),
+            Coll::Broadcast => (only(root, c), Some(c)),
+            Coll::Reduce => (Some(c), only(root, c)),
+            Coll::AllToAll => (Some(n * c), Some(n * c)),
+            Coll::Gather => (Some(c), only(root, n * c)),
+            Coll::Scatter => (only(root, n * c), Some(c)),
         }
     }
 }
@@ -260,53 +261,48 @@ fn run_case<T: Elem>(
             .clone_htod(host)
             .unwrap_or_else(|e| panic!("upload: {e:?}"))
     };
-    let mut send_host = Vec::new();
-    let mut recv_host = Vec::new();
+    // Per rank: the guarded host image of each buffer passed (`None`: not passed). In place,
+    // the input lives in the receive-side buffer (the root's, for rooted calls).
+    let mut send_host: Vec<Option<Vec<T>>> = Vec::new();
+    let mut recv_host: Vec<Option<Vec<T>>> = Vec::new();
     for r in 0..n {
         let (sl, rl) = case.lens(r, n);
-        let send: Vec<T> = (0..sl)
-            .map(|i| T::from_f64(input(case, r, i) as f64))
-            .collect();
+        let send = |len: usize| -> Vec<T> {
+            (0..len)
+                .map(|i| T::from_f64(input(case, r, i) as f64))
+                .collect()
+        };
         if case.in_place {
-            // In place: the input lives in the receive buffer (the root's, for rooted calls).
-            let body = if sl > 0 {
-                send.clone()
-            } else {
-                vec![T::POISON; rl]
+            let body = match (sl, rl) {
+                (Some(l), _) => send(l),
+                (None, Some(l)) => vec![T::POISON; l],
+                (None, None) => return Err(format!("no buffers for a rank in {case:?}")),
             };
-            send_host.push(Vec::new());
-            recv_host.push(guarded(&body));
+            send_host.push(None);
+            recv_host.push(Some(guarded(&body)));
         } else {
-            send_host.push(if sl > 0 { guarded(&send) } else { Vec::new() });
-            recv_host.push(if rl > 0 {
-                guarded(&vec![T::POISON; rl])
-            } else {
-                Vec::new()
-            });
+            send_host.push(sl.map(|l| guarded(&send(l))));
+            recv_host.push(rl.map(|l| guarded(&vec![T::POISON; l])));
         }
     }
     let sends: Vec<Option<CudaSlice<T>>> = (0..n)
-        .map(|r| (!send_host[r].is_empty()).then(|| up(r, &send_host[r])))
+        .map(|r| send_host[r].as_ref().map(|h| up(r, h)))
         .collect();
     let mut recvs: Vec<Option<CudaSlice<T>>> = (0..n)
-        .map(|r| (!recv_host[r].is_empty()).then(|| up(r, &recv_host[r])))
+        .map(|r| recv_host[r].as_ref().map(|h| up(r, h)))
         .collect();
     {
         let send_views: Vec<_> = sends
             .iter()
-            .enumerate()
-            .map(|(r, s)| {
-                s.as_ref()
-                    .map(|s| s.slice(GUARD..GUARD + case.lens(r, n).0))
-            })
+            .map(|s| s.as_ref().map(|s| s.slice(GUARD..s.len() - GUARD)))
             .collect();
         let mut recv_views: Vec<_> = recvs
             .iter_mut()
-            .enumerate()
-            .map(|(r, b)| {
-                let (sl, rl) = case.lens(r, n);
-                let len = if case.in_place { sl.max(rl) } else { rl };
-                b.as_mut().map(|b| b.slice_mut(GUARD..GUARD + len))
+            .map(|b| {
+                b.as_mut().map(|b| {
+                    let end = b.len() - GUARD;
+                    b.slice_mut(GUARD..end)
+                })
             })
             .collect();
         // In place: all-reduce on every rank; broadcast and reduce at the root (a broadcast's
@@ -353,19 +349,15 @@ fn run_case<T: Elem>(
     let want = expected::<T>(case, n);
     for r in 0..n {
         let s = &streams[r];
-        if let Some(buf) = &sends[r] {
+        if let (Some(buf), Some(host)) = (&sends[r], &send_host[r]) {
             let got = s.clone_dtoh(buf).map_err(|e| format!("download: {e:?}"))?;
-            if got
-                .iter()
-                .zip(&send_host[r])
-                .any(|(a, b)| a.bits() != b.bits())
-            {
+            if got.iter().zip(host).any(|(a, b)| a.bits() != b.bits()) {
                 return Err(format!(
                     "{case:?}: rank {r}'s send buffer or its guards changed"
                 ));
             }
         }
-        if let Some(buf) = &recvs[r] {
+        if let (Some(buf), Some(host)) = (&recvs[r], &recv_host[r]) {
             let got = s.clone_dtoh(buf).map_err(|e| format!("download: {e:?}"))?;
             let body_len = got.len() - 2 * GUARD;
             let guards_ok = got[..GUARD]
@@ -379,7 +371,7 @@ fn run_case<T: Elem>(
             let expect: Vec<T> = match &want[r] {
                 Some(w) => w.clone(),
                 // Not an output on this rank (a non-root in-place reduce): unchanged.
-                None => recv_host[r][GUARD..GUARD + body_len].to_vec(),
+                None => host[GUARD..GUARD + body_len].to_vec(),
             };
             if let Some(i) = (0..body_len).find(|&i| body[i].bits() != expect[i].bits()) {
                 return Err(format!(

@@ -39,10 +39,12 @@ pub(crate) fn check_contexts<S: AsRef<CudaStream>>(
 ) -> Result<()> {
     for ((rc, p), stream) in ranks.iter().zip(ptrs).zip(streams) {
         check_stream(rc, stream.as_ref())?;
-        for (addr, arg) in [(p.send, Arg::Send), (p.recv, Arg::Recv)] {
-            if addr != 0 {
-                check_buffer(rc, addr, arg)?;
-            }
+        if p.send != 0 {
+            check_buffer(rc, p.send, Arg::Send)?;
+        }
+        // In place, the receive buffer is the send buffer: asked once.
+        if p.recv != 0 && p.recv != p.send {
+            check_buffer(rc, p.recv, Arg::Recv)?;
         }
     }
     Ok(())
