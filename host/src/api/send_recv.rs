@@ -303,7 +303,7 @@ impl Communicator {
                 capturing,
             );
             if let Err(cause) = result {
-                result = Err(if i == 0 {
+                result = Err(if i == 0 || matches!(cause, crate::Error::PartlyEnqueued { .. }) {
                     cause
                 } else {
                     let e = crate::Error::PartlyEnqueued {

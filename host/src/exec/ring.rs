@@ -23,7 +23,7 @@ use crate::plan::Prepared;
 use crate::resources::Call;
 use crate::schedule::{BufId, Region, Step};
 use crate::transport::{is_staged, staging_offset, Path, Transport, STAGE_ALIGN};
-use crate::{DataType, RedOp, Result};
+use crate::{DataType, Error, RedOp, Result};
 
 /// The device address of `region` (`None` if its rank has no entry): Send/Recv from the
 /// caller's `ptrs`, Scratch from the `scratch` base of that rank, plus `offset × elem_size`
@@ -85,7 +85,19 @@ pub fn execute<S: AsRef<CudaStream>>(
         }
     }
 
-    let issued = issue(call, p, dtype, op, ptrs, streams, &scratch, stage_off, capturing);
+    let mut enqueued = false;
+    let issued = issue(
+        call,
+        p,
+        dtype,
+        op,
+        ptrs,
+        streams,
+        &scratch,
+        stage_off,
+        capturing,
+        &mut enqueued,
+    );
     if issued.is_err() && !capturing {
         // Best effort: join every rank's stream with every other (steps already enqueued may
         // touch any rank's memory), then mark the end, so that the next call's start (and a
@@ -107,7 +119,19 @@ pub fn execute<S: AsRef<CudaStream>>(
             }
         }
     }
-    issued
+    match issued {
+        // Part of the call went out: the caller must know its buffers hold no result, and the
+        // communicator is failed (like a half-launched one-shot call).
+        Err(cause) if enqueued && !matches!(cause, Error::PartlyEnqueued { .. }) => {
+            let e = Error::PartlyEnqueued {
+                enqueued: (0..n).collect(),
+                cause: Box::new(cause),
+            };
+            call.health().fail(e.clone());
+            Err(e)
+        }
+        other => other,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -121,6 +145,7 @@ fn issue<S: AsRef<CudaStream>>(
     scratch: &[u64],
     stage_off: usize,
     capturing: bool,
+    enqueued: &mut bool,
 ) -> Result<()> {
     let s = &p.schedule;
     let n = s.nranks;
@@ -135,6 +160,8 @@ fn issue<S: AsRef<CudaStream>>(
         }
         let ix = call.next_event(r)?;
         record(call.event(r, ix)?, stream, r)?;
+        // From here on a failure leaves part of the call enqueued.
+        *enqueued = true;
         start.push(ix);
     }
     // 2. Wait for the ranks whose memory this rank touches to have reached this call.
