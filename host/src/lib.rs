@@ -83,6 +83,7 @@ pub mod sim;
 mod sim;
 
 mod config;
+pub mod ddp;
 mod debug;
 mod dtype;
 mod error;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// and the communicator, the executors, per-rank resources and the transport, the driver; the
 /// pure data modules at the bottom.
 const ALLOWED: &[(&str, &[&str])] = &[
+    ("ddp", &["api", "comm", "dtype", "error"]),
     (
         "api",
         &[
