@@ -82,7 +82,7 @@ impl BucketPlan {
         if lens.is_empty() {
             return bad("no parameters to reduce".into());
         }
-        if elem_size == 0 || ALIGN_BYTES % elem_size != 0 {
+        if elem_size == 0 || !ALIGN_BYTES.is_multiple_of(elem_size) {
             return bad(format!(
                 "element size {elem_size} does not divide {ALIGN_BYTES}"
             ));
