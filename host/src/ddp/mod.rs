@@ -42,12 +42,11 @@
 //! // Two parameters: a 1024 × 1024 weight and its bias (registration order).
 //! let mut reducer = Reducer::<f32>::new(&comm, &[1024 * 1024, 1024], &compute, ReducerOptions::default())?;
 //! for local in 0..comm.local_ranks().len() {
-//!     // The backward pass writes each gradient into its view, then marks it.
-//!     let mut g = reducer.grad_mut(local, 1)?;
-//!     compute[local].memset_zeros(&mut g).map_err(|e| ringccl::ddp::ReducerError::Cuda(format!("{e:?}")))?;
-//!     drop(g);
-//!     reducer.mark_ready(local, 1)?;
-//!     reducer.mark_ready(local, 0)?;
+//!     // The backward pass writes each gradient into its view (here: zeros), then marks it.
+//!     compute[local].memset_zeros(&mut reducer.grad_mut(local, 1)?)?;
+//!     reducer.mark_ready(local, 1)?; // the bias: its bucket is not complete yet
+//!     compute[local].memset_zeros(&mut reducer.grad_mut(local, 0)?)?;
+//!     reducer.mark_ready(local, 0)?; // on the last local rank, this starts the all-reduce
 //! }
 //! reducer.wait()?; // the compute streams now wait for the averaged gradients
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -423,3 +423,14 @@ impl<'c, T: DeviceElement + ValidAsZeroBits> Reducer<'c, T> {
         Ok(())
     }
 }
+
+impl<T> Drop for Reducer<'_, T> {
+    fn drop(&mut self) {
+        // The flat buffers are freed on the compute streams (where they were allocated): order
+        // that after any all-reduce still running on the communication streams. Errors cannot
+        // be reported from a drop; cudarc records them on the context.
+        for (compute, comm) in self.compute.iter().zip(&self.comm_streams) {
+            let _ = compute.join(comm);
+        }
+    }
+}
