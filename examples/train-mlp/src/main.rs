@@ -6,6 +6,7 @@
 //!           [--lr 0.05] [--comm overlap|after|none] [--reduction avg|sum]
 //!           [--first-bucket-mib 1] [--bucket-mib 25] [--data-batches 8]
 //!           [--check] [--tol 1e-4] [--plot FILE.svg] [--csv FILE.csv] [--print-every 1]
+//! train_mlp --replot FILE.csv --plot FILE.svg   # redraw a run's plot from its CSV (no GPU)
 //! ringccl-run -n 2 train_mlp ...      # one process per GPU (or torchrun --no-python)
 //! ```
 //!
@@ -79,7 +80,7 @@ impl From<ReducerError> for Fail {
 const USAGE: &str = "usage: train_mlp [--layers N] [--width N] [--batch N (per rank)] [--steps N] \
 [--warmup N] [--lr X] [--comm overlap|after|none] [--reduction avg|sum] [--first-bucket-mib X] \
 [--bucket-mib X] [--data-batches N] [--check] [--tol X] [--plot FILE.svg] [--csv FILE.csv] \
-[--print-every N]";
+[--print-every N]\n       train_mlp --replot FILE.csv --plot FILE.svg";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CommMode {
@@ -104,6 +105,7 @@ struct Args {
     tol: f64,
     plot: Option<String>,
     csv: Option<String>,
+    replot: Option<String>,
     print_every: usize,
 }
 
@@ -123,6 +125,7 @@ fn parse_args(argv: &[String]) -> Result<Args, Fail> {
         tol: 1e-4,
         plot: None,
         csv: None,
+        replot: None,
         print_every: 1,
     };
     let mut it = argv.iter();
@@ -148,6 +151,7 @@ fn parse_args(argv: &[String]) -> Result<Args, Fail> {
             "--check" => a.check = true,
             "--plot" => a.plot = it.next().cloned(),
             "--csv" => a.csv = it.next().cloned(),
+            "--replot" => a.replot = it.next().cloned(),
             "--comm" => {
                 a.comm = match it.next().map(String::as_str) {
                     Some("overlap") => CommMode::Overlap,
@@ -205,7 +209,11 @@ impl GradSink for ReducerGrads<'_, '_> {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    match parse_args(&argv).and_then(|a| run(&a)) {
+    let result = parse_args(&argv).and_then(|a| match &a.replot {
+        Some(csv) => replot(&a, csv),
+        None => run(&a),
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -456,6 +464,41 @@ fn run(args: &Args) -> Result<(), Fail> {
             println!("wrote {path}");
         }
     }
+    Ok(())
+}
+
+/// Redraws the plot of a run from the CSV it wrote (`--csv`).
+fn replot(args: &Args, csv: &str) -> Result<(), Fail> {
+    let Some(path) = &args.plot else {
+        return Err(Fail::Usage("--replot needs --plot FILE.svg".into()));
+    };
+    let text =
+        std::fs::read_to_string(csv).map_err(|e| Fail::Usage(format!("cannot read {csv}: {e}")))?;
+    let mut losses = Vec::new();
+    let mut reference = Vec::new();
+    for line in text.lines().skip(1) {
+        let cols: Vec<&str> = line.split(',').collect();
+        let bad = || Fail::Usage(format!("{csv}: not a train_mlp CSV line: {line:?}"));
+        losses.push(
+            cols.get(1)
+                .and_then(|v| v.parse::<f32>().ok())
+                .ok_or_else(bad)?,
+        );
+        if let Some(r) = cols.get(2).and_then(|v| v.parse::<f32>().ok()) {
+            reference.push(r);
+        }
+    }
+    let reference = (reference.len() == losses.len()).then_some(reference);
+    let title = format!(
+        "train_mlp: {} × {w}×{w}, batch {} per rank, lr {}",
+        args.layers,
+        args.batch,
+        args.lr,
+        w = args.width
+    );
+    plot::loss_curve(path, &title, &losses, reference.as_deref())
+        .map_err(|e| Fail::Usage(format!("cannot write the plot {path}: {e}")))?;
+    println!("wrote {path}");
     Ok(())
 }
 

@@ -234,6 +234,7 @@ impl Replica {
                 let xv = r.x.slice(start..start + part * w);
                 let mut yv = r.y.slice_mut(start..start + part * w);
                 gemm(
+                    &r.stream,
                     &r.blas,
                     false,
                     false,
@@ -277,7 +278,21 @@ impl Replica {
                 _ => done[l - 1].slice(..),
             };
             let mut z = out.slice_mut(..);
-            gemm(&self.blas, false, false, w, b, w, &wl, w, &h, w, &mut z, w)?;
+            gemm(
+                &self.stream,
+                &self.blas,
+                false,
+                false,
+                w,
+                b,
+                w,
+                &wl,
+                w,
+                &h,
+                w,
+                &mut z,
+                w,
+            )?;
             let relu = u32::from(l + 1 < layers);
             // SAFETY: z holds n = rows * b f32, the bias `rows`.
             unsafe {
@@ -368,6 +383,7 @@ impl Replica {
             let dz = self.dz.slice(..);
             // dW = dz · hᵀ
             gemm(
+                &self.stream,
                 &self.blas,
                 false,
                 true,
@@ -383,7 +399,16 @@ impl Replica {
             )?;
             // db = dz · 1
             let ones = self.ones.slice(..);
-            gemv(&self.blas, w, b, &dz, w, &ones, &mut sink.grad(2 * l + 1)?)?;
+            gemv(
+                &self.stream,
+                &self.blas,
+                w,
+                b,
+                &dz,
+                w,
+                &ones,
+                &mut sink.grad(2 * l + 1)?,
+            )?;
         }
         sink.ready(2 * l)?;
         sink.ready(2 * l + 1)?;
@@ -402,7 +427,21 @@ impl Replica {
             let dz = self.dz.slice(..);
             let mut dh = self.dh.slice_mut(..);
             // dh = Wᵀ · dz, then through the ReLU of h_l.
-            gemm(&self.blas, true, false, w, b, w, &wl, w, &dz, w, &mut dh, w)?;
+            gemm(
+                &self.stream,
+                &self.blas,
+                true,
+                false,
+                w,
+                b,
+                w,
+                &wl,
+                w,
+                &dz,
+                w,
+                &mut dh,
+                w,
+            )?;
             let h = self.acts[l - 1].slice(..);
             let n = w * b;
             // SAFETY: dh and h hold n f32.
@@ -465,6 +504,7 @@ fn fill_uniform(
 /// `c = op(a) · op(b)` (column-major, `m × n`, inner `k`).
 #[allow(clippy::too_many_arguments)]
 fn gemm(
+    stream: &CudaStream,
     blas: &CudaBlas,
     ta: bool,
     tb: bool,
@@ -504,6 +544,12 @@ fn gemm(
             n * ldc
         )));
     }
+    // cuBLAS works on the current context's device: make the handle's current (a collective
+    // enqueued in between may have switched to another GPU's).
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Fail::cuda("cuCtxSetCurrent", e))?;
     // SAFETY: the operands were checked to hold the matrices the configuration describes.
     unsafe { blas.gemm(cfg, a, b, c) }.map_err(|e| Fail::Cuda {
         what: "cuBLAS sgemm".into(),
@@ -512,7 +558,9 @@ fn gemm(
 }
 
 /// `y = a · x` (`a` column-major `m × n`).
+#[allow(clippy::too_many_arguments)]
 fn gemv(
+    stream: &CudaStream,
     blas: &CudaBlas,
     m: usize,
     n: usize,
@@ -534,6 +582,12 @@ fn gemv(
         beta: 0.0f32,
         incy: 1,
     };
+    // cuBLAS works on the current context's device: make the handle's current (a collective
+    // enqueued in between may have switched to another GPU's).
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Fail::cuda("cuCtxSetCurrent", e))?;
     // SAFETY: the operands were checked above.
     unsafe { blas.gemv(cfg, a, x, y) }.map_err(|e| Fail::Cuda {
         what: "cuBLAS sgemv".into(),

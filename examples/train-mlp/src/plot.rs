@@ -28,9 +28,10 @@ pub fn loss_curve(
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(1..losses.len().max(2), (lo * 0.9..hi * 1.1).log_scale())?;
+        .build_cartesian_2d(1..losses.len().max(2), (lo * 0.95).max(0.0)..hi * 1.02)?;
     chart
         .configure_mesh()
+        .y_labels(12)
         .x_desc("step")
         .y_desc("loss (mean squared error, mean over ranks)")
         .draw()?;
