@@ -624,3 +624,97 @@ fn check_reference(
     }
     Ok((out, ref_losses))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, Fail> {
+        parse_args(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_are_the_documented_model() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(
+            (a.layers, a.width, a.batch, a.steps, a.warmup),
+            (4, 4096, 2048, 200, 10)
+        );
+        assert_eq!(a.comm, CommMode::Overlap);
+        assert_eq!(a.reduction, Reduction::Avg);
+        assert_eq!(a.caps, BucketCaps::default());
+    }
+
+    #[test]
+    fn options_are_read() {
+        let a = parse(&[
+            "--comm",
+            "after",
+            "--reduction",
+            "sum",
+            "--bucket-mib",
+            "2",
+            "--first-bucket-mib",
+            "0.5",
+            "--check",
+            "--batch",
+            "64",
+        ])
+        .unwrap();
+        assert_eq!(a.comm, CommMode::After);
+        assert_eq!(a.reduction, Reduction::Sum);
+        assert_eq!(
+            a.caps,
+            BucketCaps {
+                first_bytes: 512 << 10,
+                bytes: 2 << 20
+            }
+        );
+        assert!(a.check);
+        assert_eq!(a.batch, 64);
+    }
+
+    #[test]
+    fn bad_options_are_usage_errors() {
+        for bad in [
+            &["--comm", "sometimes"][..],
+            &["--steps", "5", "--warmup", "5"],
+            &["--width", "0"],
+            &["--check", "--comm", "none"],
+            &["--lr"],
+            &["--frobnicate"],
+            &["--width", "65536", "--batch", "65536"],
+        ] {
+            assert!(
+                matches!(parse(bad), Err(Fail::Usage(_))),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn replot_reads_a_run_csv() {
+        let dir = std::env::temp_dir().join(format!("train-mlp-replot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let csv = dir.join("loss.csv");
+        let svg = dir.join("loss.svg");
+        std::fs::write(
+            &csv,
+            "step,loss,single_gpu_combined_batch_loss\n1,1.0,1.0\n2,0.5,0.5\n3,0.25,0.25\n",
+        )
+        .unwrap();
+        let a = parse(&["--plot", svg.to_str().unwrap()]).unwrap();
+        replot(&a, csv.to_str().unwrap()).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            text.contains("one GPU, combined batch"),
+            "the reference curve is drawn"
+        );
+        std::fs::write(&csv, "step,loss\n1,not-a-number\n").unwrap();
+        assert!(matches!(
+            replot(&a, csv.to_str().unwrap()),
+            Err(Fail::Usage(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
