@@ -21,12 +21,14 @@
 
 pub mod buffer;
 pub mod collective;
+pub mod p2p;
 pub mod send_recv;
 #[cfg(test)]
 mod test_util;
 pub mod validate;
 
 pub use buffer::{DeviceSlice, DeviceSliceMut, Io, RawBuf};
+pub use p2p::PeerOp;
 pub use send_recv::SendRecv;
 
 use buffer::RankArgs;
