@@ -7,7 +7,7 @@
 //! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`) |
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
 //! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
-//! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | unset (never) | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced |
+//! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -131,7 +131,8 @@ pub struct Config {
     /// All-reduces of at most this many bytes per rank run one-shot (when they can).
     pub oneshot_max_bytes: usize,
     /// All-reduces of at least this many bytes per rank run on the copy engines
-    /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced.
+    /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
+    /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
     pub ce_min_bytes: Option<usize>,
     /// Most bytes one ring step moves, or `None` for the size-dependent default.
     pub chunk_bytes: Option<usize>,
@@ -149,6 +150,9 @@ pub struct Config {
     pub debug: DebugLevel,
 }
 
+/// Default of [`Config::ce_min_bytes`].
+pub const DEFAULT_CE_MIN_BYTES: usize = 128 << 20;
+
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
 
@@ -159,7 +163,7 @@ impl Default for Config {
             ring: None,
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
-            ce_min_bytes: None,
+            ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             chunk_bytes: None,
             peer_blocks: DEFAULT_PEER_BLOCKS,
             peer_duplex_blocks: None,
@@ -250,7 +254,9 @@ impl Config {
             c.oneshot_max_bytes = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
-        c.ce_min_bytes = parse(ce, get(ce)?, |s| parse_bytes(s, true))?;
+        if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
+            c.ce_min_bytes = Some(v);
+        }
         if let Some(v) = parse(peer, get(peer)?, parse_blocks)? {
             c.peer_blocks = v;
         }
@@ -386,6 +392,29 @@ mod tests {
             Err(Error::Config { variable, .. }) => variable,
             other => panic!("expected a config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn copy_engine_threshold_and_algorithm() {
+        assert_eq!(from(&[]).unwrap().ce_min_bytes, Some(128 << 20));
+        let c = from(&[("RINGCCL_CE_MIN_BYTES", "1G"), ("RINGCCL_ALGO", "CE")]).unwrap();
+        assert_eq!(
+            (c.ce_min_bytes, c.algorithm),
+            (Some(1 << 30), Some(Algorithm::CopyEngine))
+        );
+        assert_eq!(
+            from(&[("RINGCCL_CE_MIN_BYTES", "0")]).unwrap().ce_min_bytes,
+            Some(0)
+        );
+        let e = from(&[("RINGCCL_CE_MIN_BYTES", "lots")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RINGCCL_CE_MIN_BYTES"), "{e}");
+        assert_eq!(
+            "copy-engine".parse::<Algorithm>(),
+            Ok(Algorithm::CopyEngine)
+        );
+        assert_eq!(Algorithm::CopyEngine.to_string(), "ce");
     }
 
     #[test]

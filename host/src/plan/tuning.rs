@@ -100,10 +100,9 @@ pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config
 /// ```
 /// use ringccl::internals::plan::tuning::all_reduce_algorithm;
 /// use ringccl::{Algorithm, Config};
-/// let mut c = Config::default();
+/// let c = Config::default();
 /// assert_eq!(all_reduce_algorithm(4096, 2, true, true, &c), Algorithm::OneShot);
-/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Algorithm::Ring);
-/// c.ce_min_bytes = Some(64 << 20);
+/// assert_eq!(all_reduce_algorithm(16 << 20, 2, true, true, &c), Algorithm::Ring);
 /// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Algorithm::CopyEngine);
 /// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, &c), Algorithm::Ring);
 /// ```
@@ -211,6 +210,9 @@ mod tests {
         assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, &ce), Ring);
         assert_eq!(all_reduce_algorithm(1 << 30, 1, true, true, &ce), Ring);
         let mut c = Config::default();
+        assert_eq!(all_reduce_algorithm(64 << 20, 2, true, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm(128 << 20, 2, true, true, &c), CopyEngine);
+        c.ce_min_bytes = None;
         assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Ring);
         c.ce_min_bytes = Some(1 << 20);
         assert_eq!(all_reduce_algorithm((1 << 20) - 1, 2, true, true, &c), Ring);
