@@ -1276,6 +1276,25 @@ fn all_reduce_on_copy_engines() {
     tally.finish();
 }
 
+/// All-gather, broadcast and all-to-all forced onto the copy engines (plain copies from each
+/// input to the outputs on a second stream per rank): the same cases and checks as their own
+/// tests.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn copies_on_copy_engines() {
+    let env = Env::forced(ringccl::Algorithm::CopyEngine);
+    for coll in [Coll::AllGather, Coll::Broadcast, Coll::AllToAll] {
+        let name = match coll {
+            Coll::AllGather => "all_gather (copy engines)",
+            Coll::Broadcast => "broadcast (copy engines)",
+            _ => "all_to_all (copy engines)",
+        };
+        let mut tally = Tally::new(name);
+        for_all_types!(run_coll(&env, coll, &mut tally));
+        tally.finish();
+    }
+}
+
 /// Reduce-scatter: every type × op × size, in and out of place (the in-place buffer's other
 /// blocks are inputs and must stay unchanged).
 #[test]

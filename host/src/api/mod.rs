@@ -98,10 +98,15 @@ impl Communicator {
         // Whether the streams are being captured into a CUDA graph (all or none: checked here,
         // before anything is enqueued).
         let capturing = exec::capturing(streams)?;
+        let ce_possible = self.copy_engine_usable() && !capturing;
         let algorithm = match c {
             Collective::AllReduce { .. } => {
-                let ce_possible = self.copy_engine_usable() && !capturing;
                 tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, config)
+            }
+            Collective::AllGather { .. } | Collective::Broadcast { .. } | Collective::AllToAll { .. }
+                if tuning::copies_on_copy_engines(max_bytes, ce_possible, config) =>
+            {
+                Algorithm::CopyEngine
             }
             _ => Algorithm::Ring,
         };
@@ -113,10 +118,20 @@ impl Communicator {
                 recv: p.recv,
             })
             .collect();
-        let ce_plan = match algorithm {
-            Algorithm::CopyEngine => {
+        let in_place = checked.layout != Layout::OutOfPlace;
+        let ce_plan = match (algorithm, c) {
+            (Algorithm::CopyEngine, Collective::AllReduce { count }) => {
                 let chunk = tuning::ce_chunk_elems(max_bytes, n, T::DTYPE, config);
-                Some(plan::copy_engine::plan(self.ring(), c.count(), chunk, tuning::CE_SLOTS)?)
+                Some(plan::copy_engine::plan(self.ring(), count, chunk, tuning::CE_SLOTS)?)
+            }
+            (Algorithm::CopyEngine, Collective::AllGather { sendcount }) => {
+                Some(plan::copy_engine::all_gather(n, sendcount, in_place))
+            }
+            (Algorithm::CopyEngine, Collective::Broadcast { count, root }) => {
+                Some(plan::copy_engine::broadcast(n, count, root, in_place))
+            }
+            (Algorithm::CopyEngine, Collective::AllToAll { count_per_peer }) => {
+                Some(plan::copy_engine::all_to_all(n, count_per_peer))
             }
             _ => None,
         };
@@ -167,7 +182,6 @@ impl Communicator {
             (Some(p), _) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
             (None, Some(p)) => exec::copy_engine::execute(&mut call, p, T::DTYPE, op, &ptrs, streams),
             (None, None) => {
-                let in_place = checked.layout != Layout::OutOfPlace;
                 exec::oneshot::execute(
                     &mut call, T::DTYPE, op, &ptrs, in_place, c.count(), streams, capturing,
                 )

@@ -1,4 +1,5 @@
-//! The copy-engine executor: a [`CePlan`] on two streams per rank, the caller's (reductions)
+//! The copy-engine executor: a [`CePlan`] (an all-reduce, all-gather, broadcast or all-to-all)
+//! on two streams per rank, the caller's (reductions)
 //! and the rank's copy stream (`cuMemcpyDtoDAsync` into the next rank's memory over peer
 //! access, carried by the GPU's copy engines), ordered by events.
 //!
@@ -52,8 +53,10 @@ pub fn execute<S: AsRef<CudaStream>>(
     let size = dtype.size();
     let slot_bytes = p.slot_elems.saturating_mul(size);
     let mut scratch = vec![0u64; n];
-    for (r, base) in scratch.iter_mut().enumerate() {
-        *base = scratch_for_call(call, r, slot_bytes.saturating_mul(p.slots), false)?;
+    if slot_bytes > 0 && p.slots > 0 {
+        for (r, base) in scratch.iter_mut().enumerate() {
+            *base = scratch_for_call(call, r, slot_bytes.saturating_mul(p.slots), false)?;
+        }
     }
     let mut events: Vec<Option<(usize, usize)>> = vec![None; p.ops.len()];
     let issued = issue(call, p, dtype, op, ptrs, streams, &scratch, slot_bytes, &mut events);

@@ -1,6 +1,8 @@
-//! The copy-engine all-reduce, planned: a ring whose peer traffic is `cuMemcpyAsync` on a
-//! second stream per rank (the GPU's copy engines) while the first stream reduces, so that the
-//! copy of one chunk overlaps the reduction of the previous one and no SM waits on NVLink.
+//! Collectives on the copy engines, planned. The all-reduce ([`plan`]) is a ring whose peer
+//! traffic is `cuMemcpyAsync` on a second stream per rank (the GPU's copy engines) while the
+//! first stream reduces, so that the copy of one chunk overlaps the reduction of the previous
+//! one and no SM waits on NVLink; all-gather, broadcast and all-to-all ([`all_gather`],
+//! [`broadcast`], [`all_to_all`]) are plain copies from each input to the outputs.
 //!
 //! The count is cut into one segment per ring position and each segment into chunks. With the
 //! ranks at positions `0..n` of the ring, and `p + 1` the next position:
@@ -244,7 +246,12 @@ pub fn plan(ring: &[usize], count: usize, chunk_elems: usize, slots: usize) -> R
             }
         }
     }
-    // Waits on the op's own lane are implied by the lane's order: drop them.
+    Ok(finish(n, chunk_elems, slots, ops))
+}
+
+/// The plan of `ops` (in issue order) over `n` ranks: same-lane waits dropped (implied by the
+/// lane's order), events where another lane waits and after every lane's last operation.
+fn finish(n: usize, slot_elems: usize, slots: usize, mut ops: Vec<CeOp>) -> CePlan {
     let lane_of: Vec<(usize, Lane)> = ops.iter().map(|o| (o.rank, o.lane)).collect();
     for op in &mut ops {
         let me = (op.rank, op.lane);
@@ -264,14 +271,89 @@ pub fn plan(ring: &[usize], count: usize, chunk_elems: usize, slots: usize) -> R
     for l in last.iter().flatten() {
         needs_event[*l] = true;
     }
-    Ok(CePlan {
+    CePlan {
         nranks: n,
-        slot_elems: chunk_elems,
+        slot_elems,
         slots,
         ops,
         needs_event,
         last,
-    })
+    }
+}
+
+/// A plan of independent copies `(rank, src, dst, elems)`, each on its rank's copy lane (no
+/// slots, no reductions): the collectives that only move data.
+fn copies(n: usize, list: impl IntoIterator<Item = (usize, Loc, Loc, usize)>) -> CePlan {
+    let ops = list
+        .into_iter()
+        .filter(|&(_, src, dst, elems)| elems > 0 && src != dst)
+        .map(|(rank, src, dst, elems)| CeOp {
+            rank,
+            lane: Lane::Copy,
+            work: Work::Copy { src, dst, elems },
+            waits: Vec::new(),
+        })
+        .collect();
+    finish(n, 0, 0, ops)
+}
+
+/// All-gather of `count` elements per rank over `n` ranks on the copy engines: every rank
+/// copies its input into block `rank` of every rank's output (its own too, unless `in_place`:
+/// the input already is that block).
+///
+/// ```
+/// use ringccl::internals::plan::copy_engine::all_gather;
+/// assert_eq!(all_gather(2, 100, false).ops.len(), 4); // two peer copies, two local ones
+/// assert_eq!(all_gather(2, 100, true).ops.len(), 2);
+/// ```
+pub fn all_gather(n: usize, count: usize, in_place: bool) -> CePlan {
+    copies(
+        n,
+        (0..n).flat_map(|a| {
+            (0..n)
+                .filter(move |&b| !(in_place && a == b))
+                .map(move |b| {
+                    let src = Loc::Send { rank: a, offset: 0 };
+                    (a, src, Loc::Recv { rank: b, offset: a * count }, count)
+                })
+        }),
+    )
+}
+
+/// Broadcast of `count` elements from `root` over `n` ranks on the copy engines: the root
+/// copies its input into every rank's output (its own too, unless `in_place`).
+///
+/// ```
+/// use ringccl::internals::plan::copy_engine::broadcast;
+/// assert_eq!(broadcast(4, 100, 2, true).ops.len(), 3);
+/// ```
+pub fn broadcast(n: usize, count: usize, root: usize, in_place: bool) -> CePlan {
+    copies(
+        n,
+        (0..n).filter(|&b| !(in_place && b == root)).map(|b| {
+            let src = Loc::Send { rank: root, offset: 0 };
+            (root, src, Loc::Recv { rank: b, offset: 0 }, count)
+        }),
+    )
+}
+
+/// All-to-all of `count` elements per pair over `n` ranks on the copy engines: rank `a` copies
+/// block `b` of its input into block `a` of rank `b`'s output, for every `b` (itself too).
+///
+/// ```
+/// use ringccl::internals::plan::copy_engine::all_to_all;
+/// assert_eq!(all_to_all(3, 10).ops.len(), 9);
+/// ```
+pub fn all_to_all(n: usize, count: usize) -> CePlan {
+    copies(
+        n,
+        (0..n).flat_map(|a| {
+            (0..n).map(move |b| {
+                let src = Loc::Send { rank: a, offset: b * count };
+                (a, src, Loc::Recv { rank: b, offset: a * count }, count)
+            })
+        }),
+    )
 }
 
 #[cfg(test)]
@@ -282,9 +364,13 @@ mod tests {
     /// operation once the operations it waits for are done, the queues picked at random by
     /// `seed` (0: in issue order). Returns every rank's output.
     fn simulate(p: &CePlan, inputs: &[Vec<i64>], seed: u64) -> Vec<Vec<i64>> {
+        simulate_len(p, inputs, inputs[0].len(), seed)
+    }
+
+    /// [`simulate`] with outputs of `recv_len` elements.
+    fn simulate_len(p: &CePlan, inputs: &[Vec<i64>], recv_len: usize, seed: u64) -> Vec<Vec<i64>> {
         let n = p.nranks;
-        let count = inputs[0].len();
-        let mut recv = vec![vec![i64::MIN; count]; n];
+        let mut recv = vec![vec![i64::MIN; recv_len]; n];
         let mut slots = vec![vec![vec![i64::MIN; p.slot_elems]; p.slots]; n];
         let mut queues: Vec<Vec<usize>> = vec![Vec::new(); 2 * n];
         for (i, op) in p.ops.iter().enumerate() {
@@ -396,6 +482,48 @@ mod tests {
                     check(&ring, count, chunk, 2);
                 }
             }
+        }
+    }
+
+    /// Runs a copy plan and returns the outputs (each `recv_len` long).
+    fn run_copies(p: &CePlan, inputs: &[Vec<i64>], recv_len: usize, seed: u64) -> Vec<Vec<i64>> {
+        simulate_len(p, inputs, recv_len, seed)
+    }
+
+    #[test]
+    fn copy_collectives() {
+        for n in 2..=5 {
+            let count = 37;
+            let inputs: Vec<Vec<i64>> = (0..n)
+                .map(|r| (0..n * count).map(|i| (r * 10_000 + i) as i64).collect())
+                .collect();
+            for seed in [0, 5, 99] {
+                // All-gather, out of place.
+                let got = run_copies(&all_gather(n, count, false), &inputs, n * count, seed);
+                for g in &got {
+                    for (i, v) in g.iter().enumerate() {
+                        assert_eq!(*v, inputs[i / count][i % count], "all_gather n {n}");
+                    }
+                }
+                // Broadcast from the last rank.
+                let got = run_copies(&broadcast(n, count, n - 1, false), &inputs, count, seed);
+                for g in &got {
+                    assert_eq!(g[..], inputs[n - 1][..count], "broadcast n {n}");
+                }
+                // All-to-all.
+                let got = run_copies(&all_to_all(n, count), &inputs, n * count, seed);
+                for (b, g) in got.iter().enumerate() {
+                    for (i, v) in g.iter().enumerate() {
+                        let a = i / count;
+                        assert_eq!(*v, inputs[a][b * count + i % count], "all_to_all n {n}");
+                    }
+                }
+            }
+            // In place: the own block is not copied.
+            let p = all_gather(n, count, true);
+            assert!(p.ops.iter().all(|o| !matches!(o.work, Work::Copy { dst: Loc::Recv { rank, .. }, .. } if rank == o.rank)));
+            assert_eq!(broadcast(n, count, 0, true).ops.len(), n - 1);
+            assert_eq!(broadcast(n, 0, 0, false).ops.len(), 0);
         }
     }
 

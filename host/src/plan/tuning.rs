@@ -125,6 +125,27 @@ pub fn all_reduce_algorithm(
     }
 }
 
+/// Whether an all-gather, broadcast or all-to-all of `bytes` bytes (the larger of a rank's
+/// buffers) runs on the copy engines: where possible (`ce_possible`: one process, direct peer
+/// access between every pair, not under CUDA-graph capture), when [`Config::algorithm`] forces
+/// [`Algorithm::CopyEngine`] or from [`Config::ce_min_bytes`].
+///
+/// ```
+/// use ringccl::internals::plan::tuning::copies_on_copy_engines;
+/// use ringccl::Config;
+/// let c = Config::default();
+/// assert!(copies_on_copy_engines(1 << 30, true, &c));
+/// assert!(!copies_on_copy_engines(1 << 20, true, &c));
+/// assert!(!copies_on_copy_engines(1 << 30, false, &c));
+/// ```
+pub fn copies_on_copy_engines(bytes: usize, ce_possible: bool, config: &Config) -> bool {
+    ce_possible
+        && match config.algorithm {
+            Some(a) => a == Algorithm::CopyEngine,
+            None => config.ce_min_bytes.is_some_and(|m| bytes >= m),
+        }
+}
+
 /// Chunk of the copy-engine all-reduce, in elements: a quarter of a rank's segment, between
 /// [`CE_MIN_CHUNK_BYTES`] and [`CE_MAX_CHUNK_BYTES`] (or [`Config::chunk_bytes`] if set), never
 /// more than the segment, never 0. Each chunk costs a few microseconds of host time per rank
