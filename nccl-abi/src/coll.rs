@@ -6,7 +6,8 @@
 //! a call at the head of its queue, those calls are checked to be the same collective and
 //! issued as one ringccl call. With one rank per process (`ncclCommInitRank`) that is at once;
 //! with `ncclCommInitAll` it is when the last rank's call arrives (inside a group, at
-//! `ncclGroupEnd`). Sends and receives wait in the queue until the other side's arrives.
+//! `ncclGroupEnd`). Sends and receives are queued too and issued together, as one ringccl
+//! group, at `ncclGroupEnd` (or at once outside a group).
 //!
 //! Buffers and streams come from C as raw pointers ([`Raw`], and borrowed `CUstream`s): the
 //! caller's contract (nccl.h) is that they are device memory of the communicator's device, of
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 use ringccl::cudarc::driver::{sys, CudaStream};
 use ringccl::half::{bf16, f16};
-use ringccl::{DataType, DeviceElement, DeviceSlice, DeviceSliceMut, Io, RawBuf, RedOp, SendRecv};
+use ringccl::{DataType, DeviceElement, DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf, RedOp};
 
 use crate::comm::{Member, World};
 use crate::error::{Fail, Result};
@@ -165,6 +166,22 @@ impl Queues {
         self.p2p.is_empty() && self.per_rank.iter().all(VecDeque::is_empty)
     }
 
+    /// Whether every (sender, receiver) pair's queued sends add up, in bytes, to the receiver's
+    /// queued receives from that sender.
+    fn p2p_balanced(&self) -> bool {
+        let mut sums: std::collections::HashMap<(usize, usize), i128> = Default::default();
+        for c in &self.p2p {
+            let bytes = (c.count as i128) * (c.dtype.size() as i128);
+            let (key, v) = if c.send {
+                ((c.rank, c.peer), bytes)
+            } else {
+                ((c.peer, c.rank), -bytes)
+            };
+            *sums.entry(key).or_default() += v;
+        }
+        sums.values().all(|&v| v == 0)
+    }
+
     /// Takes the next set of calls, one per local rank, if every rank has one.
     fn next_set(&mut self) -> Option<Vec<CollCall>> {
         if self.per_rank.iter().any(VecDeque::is_empty) {
@@ -179,50 +196,6 @@ impl Queues {
         }
         Some(set)
     }
-
-    /// Takes the sends and receives whose other side is queued too, as (send, receive) pairs,
-    /// first come first matched per (sender, receiver).
-    fn matched_p2p(&mut self) -> Result<Vec<(P2pCall, P2pCall)>> {
-        let mut pairs = Vec::new();
-        let mut i = 0;
-        while i < self.p2p.len() {
-            let s = self.p2p[i];
-            if !s.send {
-                i += 1;
-                continue;
-            }
-            let j = self
-                .p2p
-                .iter()
-                .position(|r| !r.send && r.rank == s.peer && r.peer == s.rank);
-            match j {
-                Some(j) => {
-                    let r = self.p2p[j];
-                    if (r.count, r.dtype) != (s.count, s.dtype) {
-                        let (a, b) = (i.max(j), i.min(j));
-                        self.p2p.remove(a);
-                        self.p2p.remove(b);
-                        return Err(Fail::arg(format!(
-                            "rank {} sends {} {} to rank {}, which receives {} {}",
-                            s.rank,
-                            s.count,
-                            s.dtype.name(),
-                            s.peer,
-                            r.count,
-                            r.dtype.name()
-                        )));
-                    }
-                    let (a, b) = (i.max(j), i.min(j));
-                    self.p2p.remove(a);
-                    self.p2p.remove(b);
-                    pairs.push((s, r));
-                    i = 0;
-                }
-                None => i += 1,
-            }
-        }
-        Ok(pairs)
-    }
 }
 
 /// Queues a collective call of `m`'s rank; issues every complete set unless inside a group.
@@ -236,15 +209,8 @@ pub fn submit(m: &Member, call: CollCall) -> Result<()> {
     }
 }
 
-/// Queues a send or receive of `m`'s rank; issues matched pairs unless inside a group.
+/// Queues a send or receive of `m`'s rank; issues the queued ones unless inside a group.
 pub fn submit_p2p(m: &Member, call: P2pCall) -> Result<()> {
-    if m.world.comm.local_ranks().len() < m.world.comm.nranks() {
-        return Err(Fail::unsupported(
-            if call.send { "ncclSend" } else { "ncclRecv" },
-            "ringccl sends and receives only between ranks of one process (ncclCommInitAll) so \
-             far; across processes, use the collectives",
-        ));
-    }
     m.world.lock().p2p.push(call);
     crate::group::touched(&m.world);
     if crate::group::depth() == 0 {
@@ -254,8 +220,10 @@ pub fn submit_p2p(m: &Member, call: P2pCall) -> Result<()> {
     }
 }
 
-/// Issues every complete set of collectives of `world`, in order, then the matched sends and
-/// receives. The first failure is returned (the failing set is dropped; later sets still run).
+/// Issues every complete set of collectives of `world`, in order, then the queued sends and
+/// receives: across processes at once, in one process once both sides of every transfer are
+/// queued (ranks driven by several threads). The first failure is returned (the failing set is
+/// dropped; later sets still run).
 pub fn flush(world: &World) -> Result<()> {
     let _keep = crate::cuda::KeepContext::new();
     let mut first: Result<()> = Ok(());
@@ -267,8 +235,10 @@ pub fn flush(world: &World) -> Result<()> {
             first = r;
         }
     }
-    if !q.p2p.is_empty() {
-        let r = q.matched_p2p().and_then(|pairs| issue_p2p(world, &pairs));
+    let ready = world.comm.local_ranks().len() < world.comm.nranks() || q.p2p_balanced();
+    if !q.p2p.is_empty() && ready {
+        let calls = std::mem::take(&mut q.p2p);
+        let r = issue_p2p(world, &calls);
         if first.is_ok() {
             first = r;
         }
@@ -484,78 +454,61 @@ fn issue_typed<T: DeviceElement>(world: &World, set: &[CollCall]) -> Result<()> 
     r.map_err(Fail::from)
 }
 
-/// Issues matched (send, receive) pairs: one ringccl group per element type.
-fn issue_p2p(world: &World, pairs: &[(P2pCall, P2pCall)]) -> Result<()> {
-    let mut first = Ok(());
-    for dtype in DataType::ALL {
-        let mine: Vec<(P2pCall, P2pCall)> = pairs
-            .iter()
-            .copied()
-            .filter(|(s, _)| s.dtype == dtype)
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let r = match dtype {
-            DataType::F32 => p2p_typed::<f32>(world, &mine),
-            DataType::F64 => p2p_typed::<f64>(world, &mine),
-            DataType::F16 => p2p_typed::<f16>(world, &mine),
-            DataType::BF16 => p2p_typed::<bf16>(world, &mine),
-            DataType::I8 => p2p_typed::<i8>(world, &mine),
-            DataType::U8 => p2p_typed::<u8>(world, &mine),
-            DataType::I32 => p2p_typed::<i32>(world, &mine),
-            DataType::U32 => p2p_typed::<u32>(world, &mine),
-            DataType::I64 => p2p_typed::<i64>(world, &mine),
-            DataType::U64 => p2p_typed::<u64>(world, &mine),
-        };
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
-}
-
-fn p2p_typed<T: DeviceElement>(world: &World, pairs: &[(P2pCall, P2pCall)]) -> Result<()> {
+/// Issues queued sends and receives as one ringccl group ([`Communicator::peer_ops`]), in
+/// bytes: as in NCCL, what one rank sends to another must add up, in bytes, to what that rank
+/// receives from it in its group. Within one process the group must hold both sides of every
+/// transfer (ringccl matches them); across processes each rank's own calls are enough.
+///
+/// [`Communicator::peer_ops`]: ringccl::Communicator::peer_ops
+fn issue_p2p(world: &World, calls: &[P2pCall]) -> Result<()> {
     let comm = &world.comm;
-    let n = comm.nranks();
-    // One stream per rank: the stream of its calls in this group (they must agree).
-    let mut stream_of: Vec<Option<usize>> = vec![None; n];
-    for (s, r) in pairs {
-        for call in [s, r] {
-            match stream_of[call.rank] {
-                None => stream_of[call.rank] = Some(call.stream),
-                Some(x) if x != call.stream => {
-                    return Err(Fail::usage(format!(
-                        "rank {}'s sends and receives of one group use different streams; \
-                         ringccl needs one stream per rank for them",
-                        call.rank
-                    )))
-                }
-                Some(_) => {}
+    let ranks = comm.local_ranks();
+    // One stream per local rank: the stream of its calls in this group (they must agree).
+    let mut stream_of: Vec<Option<usize>> = vec![None; ranks.len()];
+    for call in calls {
+        let Some(i) = ranks.iter().position(|&r| r == call.rank) else {
+            return Err(Fail::new(
+                crate::types::NCCL_INTERNAL_ERROR,
+                format!("rank {} is not held by this process", call.rank),
+            ));
+        };
+        match stream_of[i] {
+            None => stream_of[i] = Some(call.stream),
+            Some(x) if x != call.stream => {
+                return Err(Fail::usage(format!(
+                    "rank {}'s sends and receives of one group use different streams; ringccl \
+                     needs one stream per rank for them",
+                    call.rank
+                )))
             }
+            Some(_) => {}
         }
     }
-    let streams: Vec<Arc<CudaStream>> = (0..n)
-        .map(|r| match stream_of[r] {
-            Some(s) => streams(world, std::iter::once((r, s))).remove(0),
+    let streams: Vec<Arc<CudaStream>> = ranks
+        .iter()
+        .zip(&stream_of)
+        .map(|(&r, s)| match s {
+            Some(s) => streams(world, std::iter::once((r, *s))).remove(0),
             None => comm.stream(r).clone(),
         })
         .collect();
-    let mut bufs: Vec<(Raw<T>, Raw<T>)> = pairs
+    let bytes = |c: &P2pCall| c.count.saturating_mul(c.dtype.size());
+    let mut bufs: Vec<Raw<u8>> = calls
         .iter()
-        .map(|(s, r)| {
-            (
-                Raw::new(s.buf, s.count, comm.ordinal(s.rank)),
-                Raw::new(r.buf, r.count, comm.ordinal(r.rank)),
-            )
+        .map(|c| Raw::new(c.buf, bytes(c), comm.ordinal(c.rank)))
+        .collect();
+    let mut ops: Vec<PeerOp<'_, u8>> = bufs
+        .iter_mut()
+        .zip(calls)
+        .map(|(b, c)| {
+            if c.send {
+                PeerOp::send(c.rank, c.peer, &*b, bytes(c))
+            } else {
+                PeerOp::recv(c.rank, c.peer, b, bytes(c))
+            }
         })
         .collect();
-    let mut list: Vec<SendRecv<'_, T>> = bufs
-        .iter_mut()
-        .zip(pairs)
-        .map(|((sb, rb), (s, r))| SendRecv::new(s.rank, &*sb, r.rank, rb, s.count))
-        .collect();
-    comm.send_recv(&mut list, &streams).map_err(Fail::from)
+    comm.peer_ops(&mut ops, &streams).map_err(Fail::from)
 }
 
 #[cfg(test)]
@@ -619,36 +572,24 @@ mod tests {
         assert_eq!(shape(&s), (0x2000, 10, 0x2000, 10, "in"));
     }
 
-    fn p2p(send: bool, rank: usize, peer: usize, count: usize) -> P2pCall {
-        P2pCall {
+    #[test]
+    fn transfers_balance_in_bytes() {
+        let p2p = |send, rank, peer, count, dtype| P2pCall {
             send,
             rank,
             peer,
             count,
-            dtype: DataType::F32,
+            dtype,
             buf: 0x1000,
             stream: 0,
-        }
-    }
-
-    #[test]
-    fn sends_match_receives_first_come_first_matched() {
+        };
         let mut q = Queues::new(2);
-        q.p2p = vec![
-            p2p(true, 0, 1, 4),
-            p2p(true, 0, 1, 8),
-            p2p(false, 1, 0, 4),
-            p2p(false, 0, 1, 2),
-        ];
-        let pairs = q.matched_p2p().unwrap();
-        assert_eq!(pairs, vec![(p2p(true, 0, 1, 4), p2p(false, 1, 0, 4))]);
-        assert_eq!(q.p2p.len(), 2, "unmatched calls stay queued");
-        let mut q = Queues::new(2);
-        q.p2p = vec![p2p(true, 0, 1, 4), p2p(false, 1, 0, 5)];
-        assert_eq!(
-            q.matched_p2p().unwrap_err().code,
-            crate::types::NCCL_INVALID_ARGUMENT
-        );
+        q.p2p.push(p2p(true, 0, 1, 4, DataType::F32));
+        assert!(!q.p2p_balanced());
+        q.p2p.push(p2p(false, 1, 0, 16, DataType::U8));
+        assert!(q.p2p_balanced());
+        q.p2p.push(p2p(false, 0, 1, 1, DataType::F64));
+        assert!(!q.p2p_balanced());
     }
 
     #[test]
