@@ -384,7 +384,27 @@ int main(int argc, char **argv) {
       fclose(f);
     }
     CUDA(cudaSetDevice(devs[0]));
-    NCCL(ncclCommInitRank(&comms[0], nranks, id, rank));
+    if (strcmp(mode, "mp") == 0) {
+      /* A non-blocking communicator: ncclInProgress, then poll ncclCommGetAsyncError. */
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclResult_t r = ncclCommInitRankConfig(&comms[0], nranks, id, rank, &config);
+      checks++;
+      if (r != ncclInProgress && r != ncclSuccess) {
+        fprintf(stderr, "FAIL non-blocking init returned %d\n", (int)r);
+        failures++;
+      }
+      ncclResult_t state = ncclInProgress;
+      int polls = 0;
+      while (state == ncclInProgress) {
+        NCCL(ncclCommGetAsyncError(comms[0], &state));
+        polls++;
+      }
+      printf("non-blocking init: %s, then ncclSuccess after %d polls\n", ncclGetErrorString(r), polls);
+      NCCL(state);
+    } else {
+      NCCL(ncclCommInitRank(&comms[0], nranks, id, rank));
+    }
   } else {
     fprintf(stderr, "usage: %s sp | mp RANK NRANKS IDFILE\n", argv[0]);
     return 2;
