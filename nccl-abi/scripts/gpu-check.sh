@@ -63,7 +63,7 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv >"$OUT/gpus.txt" 2
 step build 40 build
 step abi 15 "$BIN/abi_check"
 step sp 60 "$BIN/collectives" sp
-step mp 60 mp mp
+step mp 60 mp mp NCCL_DEBUG=VERSION
 step perf-ringccl 60 mp perf
 [ -n "$SYS_NCCL" ] && step perf-nccl 60 mp perf LD_LIBRARY_PATH="$SYS_NCCL"
 TC=$HERE/scripts/torch_check.py

@@ -400,7 +400,7 @@ fn issue(world: &World, set: &[CollCall]) -> Result<()> {
             set[i].describe()
         )));
     }
-    crate::debug::info(&first.describe());
+    crate::debug::info(|| first.describe());
     if first.count == 0 {
         return Ok(());
     }

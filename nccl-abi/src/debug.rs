@@ -2,8 +2,9 @@
 
 use std::sync::OnceLock;
 
-/// The level from `NCCL_DEBUG` (`WARN`, `INFO`, `TRACE`, `VERSION`) or `RINGCCL_DEBUG`
-/// (`warn`, `info`, `trace`): 0 nothing, 1 version banner, 2 warnings, 3 info.
+/// The level from `NCCL_DEBUG` (`VERSION`, `WARN`, `INFO`, `TRACE`) or `RINGCCL_DEBUG`
+/// (`warn`, `info`, `trace`; ringccl itself reads it too): 0 nothing, 1 version banner,
+/// 2 warnings, 3 info.
 fn level() -> u8 {
     static LEVEL: OnceLock<u8> = OnceLock::new();
     *LEVEL.get_or_init(|| {
@@ -32,9 +33,9 @@ pub(crate) fn banner() {
     }
 }
 
-/// Prints an info line, if asked for.
-pub(crate) fn info(text: &str) {
+/// Prints an info line (built only then), if asked for.
+pub(crate) fn info(text: impl FnOnce() -> String) {
     if level() >= 3 {
-        eprintln!("NCCL INFO ringccl: {text}");
+        eprintln!("NCCL INFO ringccl: {}", text());
     }
 }

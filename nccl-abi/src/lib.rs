@@ -242,9 +242,7 @@ unsafe fn init_rank(
         .map_err(|e| Fail::arg(format!("commId is not an id from ncclGetUniqueId: {e}")))?;
     let device = cuda::current_device()?;
     debug::banner();
-    debug::info(&format!(
-        "ncclCommInitRank: rank {rank} of {n} on device {device}"
-    ));
+    debug::info(|| format!("ncclCommInitRank: rank {rank} of {n} on device {device}"));
     let job = move || -> Result<Member> {
         let _keep = KeepContext::new();
         let comm = Communicator::init_rank(n, &id, rank, device).map_err(Fail::from)?;

@@ -5,7 +5,7 @@
  *                                      each call issued for all ranks inside a group
  *   collectives mp RANK NRANKS IDFILE  one process per GPU: rank 0 writes ncclGetUniqueId's
  *                                      id to IDFILE, the others read it; ncclCommInitRank
- *   collectives perf RANK NRANKS IDFILE  as mp, but times ncclAllReduce (f32, 8 B - 1 GiB)
+ *   collectives perf RANK NRANKS IDFILE  as mp, but times ncclAllReduce (f32, 8 B - 512 MiB)
  *
  * Build (CUDA runtime and nccl.h needed):
  *   cc -std=c11 -O2 -I$CUDA/include -I$NCCL_INCLUDE collectives.c -L$LIBDIR -l:libnccl.so.2
@@ -308,7 +308,7 @@ static void run_type(int t, size_t C) {
   }
 }
 
-/* ncclAllReduce (float32 sum, in place) time per call, 8 B - 1 GiB: 5 warm-up calls, then
+/* ncclAllReduce (float32 sum, in place) time per call, 8 B - 512 MiB: 5 warm-up calls, then
  * `iters` calls timed with events on the stream of local rank 0; printed by global rank 0. */
 static void perf(void) {
   int n = nranks;
@@ -323,7 +323,7 @@ static void perf(void) {
   CUDA(cudaSetDevice(devs[0]));
   CUDA(cudaEventCreate(&e0));
   CUDA(cudaEventCreate(&e1));
-  for (size_t bytes = 8; bytes <= maxb; bytes *= 4) {
+  for (size_t bytes = 8; bytes <= maxb / 2; bytes *= 2) {
     size_t count = bytes / 4;
     int iters = bytes <= ((size_t)128 << 20) ? 50 : 10;
     struct timespec h0 = {0, 0}, h1;
