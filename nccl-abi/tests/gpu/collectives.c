@@ -161,8 +161,15 @@ static void sync_all(void) {
     NCCL(ncclGroupEnd());                   \
   } while (0)
 
+/* The fills are cudaMemcpy from pageable memory on the legacy default stream: that call may
+ * return before its DMA lands, and the communicator's streams are non-blocking, so each device
+ * is synchronised before the collective is issued. */
 #define GROUP(body)                         \
   do {                                      \
+    for (int l = 0; l < nlocal; l++) {      \
+      CUDA(cudaSetDevice(devs[l]));         \
+      CUDA(cudaDeviceSynchronize());        \
+    }                                       \
     NCCL(ncclGroupStart());                 \
     for (int l = 0; l < nlocal; l++) {      \
       int r = ranks[l];                     \
