@@ -162,7 +162,8 @@ impl Queues {
     }
 
     /// Whether nothing waits.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.p2p.is_empty() && self.per_rank.iter().all(VecDeque::is_empty)
     }
 

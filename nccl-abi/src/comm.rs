@@ -16,6 +16,7 @@ use ringccl::Communicator;
 
 use crate::coll::Queues;
 use crate::error::{Fail, Result};
+use crate::ncclComm;
 use crate::types::*;
 
 /// Ranks of one ringccl communicator held by this process.
@@ -85,24 +86,24 @@ fn registry() -> MutexGuard<'static, HashSet<usize>> {
 }
 
 impl Handle {
-    /// A new handle (registered; never freed), as the pointer C gets.
-    fn leak(state: State, blocking: bool) -> *mut Handle {
+    /// A new handle (registered; never freed), as the opaque pointer C gets.
+    fn leak(state: State, blocking: bool) -> *mut ncclComm {
         let h: &'static mut Handle = Box::leak(Box::new(Handle {
             state: Mutex::new(state),
             blocking,
         }));
         let ptr: *mut Handle = h;
         registry().insert(ptr as usize);
-        ptr
+        ptr.cast()
     }
 
     /// A ready handle for `member`.
-    pub fn ready(member: Member) -> *mut Handle {
+    pub fn ready(member: Member) -> *mut ncclComm {
         Self::leak(State::Ready(member), true)
     }
 
     /// A handle whose initialisation runs in a thread of its own.
-    pub fn initializing(init: JoinHandle<Result<Member>>, blocking: bool) -> *mut Handle {
+    pub fn initializing(init: JoinHandle<Result<Member>>, blocking: bool) -> *mut ncclComm {
         Self::leak(State::Initializing(init), blocking)
     }
 
@@ -114,7 +115,7 @@ impl Handle {
     /// a communicator of this library.
     // Safe to call with any pointer: only a registered address is dereferenced.
     #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    pub fn from_ptr(comm: *const Handle) -> Result<&'static Handle> {
+    pub fn from_ptr(comm: *const ncclComm) -> Result<&'static Handle> {
         if comm.is_null() {
             return Err(Fail::arg("comm is NULL"));
         }
@@ -123,9 +124,9 @@ impl Handle {
                 "comm {comm:p} is not a communicator created by this library"
             )));
         }
-        // SAFETY: every registered address is a leaked `Box<Handle>`: valid for the rest of
-        // the process, and only ever shared (`&`).
-        Ok(unsafe { &*comm })
+        // SAFETY: every registered address is a leaked `Box<Handle>` (handed to C as an opaque
+        // `ncclComm`): valid for the rest of the process, and only ever shared (`&`).
+        Ok(unsafe { &*comm.cast::<Handle>() })
     }
 
     /// Moves a finished initialisation to `Ready`/`Failed`; with `wait`, waits for it.

@@ -3,7 +3,7 @@
 //! A shared library with the C ABI of NCCL 2.28 (`nccl.h`): built as `libringccl_nccl.so`
 //! with the SONAME `libnccl.so.2`, it stands in for NCCL under programs written for NCCL, in
 //! C or C++ (link it, or put it first on `LD_LIBRARY_PATH` as `libnccl.so.2`) and in PyTorch
-//! (`LD_PRELOAD`). Every call goes to ringccl's [`Communicator`](ringccl::Communicator).
+//! (`LD_PRELOAD`). Every call goes to ringccl's [`ringccl::Communicator`].
 //!
 //! * Types and values are `nccl.h`'s ([`types`]); `ncclGetVersion` reports 2.28.9. That the
 //!   library is ringccl shows in every error text (`ncclGetLastError` starts with
@@ -27,12 +27,12 @@
 
 #![allow(non_snake_case, non_camel_case_types)]
 
-pub mod coll;
-pub mod comm;
-pub mod cuda;
+mod coll;
+mod comm;
+mod cuda;
 mod debug;
 pub mod error;
-pub mod group;
+mod group;
 pub mod types;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -45,8 +45,14 @@ use crate::cuda::KeepContext;
 use crate::error::{guard, Fail, Result};
 use crate::types::*;
 
+/// `struct ncclComm`: opaque to C and to Rust callers (a ringccl rank behind it).
+#[repr(C)]
+pub struct ncclComm {
+    _opaque: [u8; 0],
+}
+
 /// `ncclComm_t`.
-pub type ncclComm_t = *mut Handle;
+pub type ncclComm_t = *mut ncclComm;
 /// `ncclWindow_t` (never created by ringccl).
 pub type ncclWindow_t = *mut c_void;
 /// `cudaStream_t` (= the driver's `CUstream`).
@@ -181,6 +187,12 @@ pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
 }
 
 /// `ncclResetDebugInit` (deprecated in nccl.h): nothing to reset; kept for linking.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// ncclResetDebugInit();
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclResetDebugInit() {}
 
@@ -281,6 +293,23 @@ unsafe fn init_rank(
 /// # Safety
 ///
 /// `comm` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut n = 0;
+///     assert_eq!(ncclCommCount(comm, &mut n), 0);
+///     assert_eq!(n, 1);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommInitRank(
     comm: *mut ncclComm_t,
@@ -302,6 +331,18 @@ pub unsafe extern "C" fn ncclCommInitRank(
 /// # Safety
 ///
 /// `comm` is NULL or valid to write; `config` is NULL or an initialised `ncclConfig_t`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let id = types::ncclUniqueId { internal: [0; 128] };
+/// let mut comm = null_mut();
+/// // SAFETY: all-zero bytes are a valid ncclConfig_t (integers and null pointers).
+/// let mut config: types::ncclConfig_t = unsafe { std::mem::zeroed() };
+/// // A config not made with NCCL_CONFIG_INITIALIZER (no magic) is refused before anything runs.
+/// // SAFETY: valid pointers.
+/// assert_eq!(unsafe { ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut config) }, 4);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommInitRankConfig(
     comm: *mut ncclComm_t,
@@ -323,6 +364,14 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
 /// # Safety
 ///
 /// `newcomm` NULL or valid to write; `comm_ids` NULL or `n_id` ids; `config` as above.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut comm = null_mut();
+/// // SAFETY: no ids: refused.
+/// assert_eq!(unsafe { ncclCommInitRankScalable(&mut comm, 2, 0, 0, null_mut(), null_mut()) }, 4);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
@@ -350,6 +399,13 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
 /// # Safety
 ///
 /// `comms` is NULL or valid for `ndev` writes; `devlist` is NULL or `ndev` ints.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// let mut comms = [std::ptr::null_mut(); 2];
+/// // SAFETY: room for 2 handles; devices 0 and 1.
+/// assert_eq!(unsafe { ncclCommInitAll(comms.as_mut_ptr(), 2, [0, 1].as_ptr()) }, 0);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommInitAll(
     comms: *mut ncclComm_t,
@@ -394,6 +450,14 @@ pub unsafe extern "C" fn ncclCommInitAll(
 /// # Safety
 ///
 /// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut out = null_mut();
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclCommSplit(null_mut(), 0, 0, &mut out, null_mut()) }, 5); // ncclInvalidUsage
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSplit(
     comm: ncclComm_t,
@@ -416,6 +480,14 @@ pub unsafe extern "C" fn ncclCommSplit(
 /// # Safety
 ///
 /// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut out = null_mut();
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclCommShrink(null_mut(), null_mut(), 0, &mut out, null_mut(), 0) }, 5);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -442,6 +514,12 @@ pub unsafe extern "C" fn ncclCommShrink(
 }
 
 /// `ncclCommRevoke`: not supported (`ncclInvalidUsage`); use `ncclCommAbort`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommRevoke(null_mut(), 0), 5);
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclResult_t {
     let _ = (comm, revoke_flags);
@@ -452,6 +530,21 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclR
 
 /// `ncclCommFinalize`: waits for the communicator's work; afterwards only queries and
 /// `ncclCommDestroy` are allowed.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclCommFinalize(comm), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
@@ -460,6 +553,12 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
 
 /// `ncclCommDestroy`: releases this rank (the communicator is freed with its last rank, after
 /// its last work ends). A later use of the handle is `ncclInvalidUsage`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommDestroy(null_mut()), 4); // ncclInvalidArgument: NULL
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
@@ -468,6 +567,12 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 
 /// `ncclCommAbort`: as [`ncclCommDestroy`] (ringccl's resources are freed after the rank's
 /// last work ends).
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommAbort(null_mut()), 4);
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
@@ -480,6 +585,23 @@ pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
 /// # Safety
 ///
 /// `async_error` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut state = 0;
+///     assert_eq!(ncclCommGetAsyncError(comm, &mut state), 0);
+///     assert_eq!(state, 0); // ncclSuccess
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommGetAsyncError(
     comm: ncclComm_t,
@@ -497,6 +619,22 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
 /// # Safety
 ///
 /// `count` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut n = 0;
+///     assert_eq!(ncclCommCount(comm, &mut n), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
     guard("ncclCommCount", || {
@@ -512,6 +650,22 @@ pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> n
 /// # Safety
 ///
 /// `device` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut d = -1;
+///     assert_eq!(ncclCommCuDevice(comm, &mut d), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
     guard("ncclCommCuDevice", || {
@@ -527,6 +681,23 @@ pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) 
 /// # Safety
 ///
 /// `rank` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut r = -1;
+///     assert_eq!(ncclCommUserRank(comm, &mut r), 0);
+///     assert_eq!(r, 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
     guard("ncclCommUserRank", || {
@@ -543,6 +714,23 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
 /// # Safety
 ///
 /// `handle` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut handle = null_mut();
+///     assert_eq!(ncclCommRegister(comm, buf, 4096, &mut handle), 0);
+///     assert_eq!(ncclCommDeregister(comm, handle), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommRegister(
     comm: ncclComm_t,
@@ -562,6 +750,12 @@ pub unsafe extern "C" fn ncclCommRegister(
 }
 
 /// `ncclCommDeregister`: the end of [`ncclCommRegister`]'s hint.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommDeregister(null_mut(), null_mut()), 4);
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
     guard("ncclCommDeregister", || {
@@ -579,6 +773,14 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
 /// # Safety
 ///
 /// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut win = null_mut();
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclCommWindowRegister(null_mut(), null_mut(), 0, &mut win, 0) }, 5);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommWindowRegister(
     comm: ncclComm_t,
@@ -597,6 +799,12 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
 }
 
 /// `ncclCommWindowDeregister`: not supported (no window is ever created).
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommWindowDeregister(null_mut(), null_mut()), 5);
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
     let _ = (comm, win);
@@ -614,6 +822,13 @@ pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) 
 /// # Safety
 ///
 /// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclDevCommCreate(null_mut(), std::ptr::null(), null_mut()) }, 5);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclDevCommCreate(
     comm: ncclComm_t,
@@ -634,6 +849,13 @@ pub unsafe extern "C" fn ncclDevCommCreate(
 /// # Safety
 ///
 /// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclDevCommDestroy(null_mut(), std::ptr::null()) }, 5);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclDevCommDestroy(
     comm: ncclComm_t,
@@ -653,6 +875,22 @@ pub unsafe extern "C" fn ncclDevCommDestroy(
 /// # Safety
 ///
 /// `ptr` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclMemFree(buf), 0);
+///     buf = null_mut();
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     guard("ncclMemAlloc", || {
@@ -670,6 +908,13 @@ pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncc
 /// # Safety
 ///
 /// `ptr` is NULL or from [`ncclMemAlloc`], and no work still uses it.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: NULL frees nothing.
+/// assert_eq!(unsafe { ncclMemFree(null_mut()) }, 0);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     guard("ncclMemFree", || {
@@ -687,6 +932,16 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
 /// # Safety
 ///
 /// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut op = 0;
+/// let mut scalar = 0.5f32;
+/// // SAFETY: nothing is read.
+/// let r = unsafe { ncclRedOpCreatePreMulSum(&mut op, (&mut scalar as *mut f32).cast(), 7, 1, null_mut()) };
+/// assert_eq!(r, 5);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
     op: *mut ncclRedOp_t,
@@ -705,6 +960,12 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
 }
 
 /// `ncclRedOpDestroy`: `ncclInvalidArgument` (no custom operator ever exists).
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclRedOpDestroy(5, null_mut()), 4);
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
     let _ = comm;
@@ -719,6 +980,13 @@ pub extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclRes
 // Groups.
 
 /// `ncclGroupStart`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclGroupStart(), 0);
+/// assert_eq!(ncclGroupEnd(), 0); // an empty group issues nothing
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> ncclResult_t {
     guard("ncclGroupStart", || {
@@ -727,7 +995,14 @@ pub extern "C" fn ncclGroupStart() -> ncclResult_t {
     })
 }
 
-/// `ncclGroupEnd`: issues the group's calls (see [`group`]).
+/// `ncclGroupEnd`: at the outermost level, waits for the blocking initialisations started in
+/// the group, then issues the group's calls.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclGroupEnd(), 5); // no group is open
+/// ```
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     let _keep = KeepContext::new();
@@ -739,6 +1014,13 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
 /// # Safety
 ///
 /// `sim_info` is not read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclGroupSimulateEnd(null_mut()) }, 5);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
     let _ = sim_info;
@@ -815,6 +1097,22 @@ fn collective(
 ///
 /// nccl.h's contract: device buffers of `count` elements on the communicator's device, a
 /// stream of that device.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     // 1024 floats summed over the ranks, in place, on the legacy default stream.
+///     assert_eq!(ncclAllReduce(buf, buf, 1024, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclAllReduce(
     sendbuff: *const c_void,
@@ -846,6 +1144,21 @@ pub unsafe extern "C" fn ncclAllReduce(
 /// # Safety
 ///
 /// As [`ncclAllReduce`] (`sendbuff` is read on the root only).
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclBroadcast(buf, buf, 1024, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclBroadcast(
     sendbuff: *const c_void,
@@ -877,6 +1190,21 @@ pub unsafe extern "C" fn ncclBroadcast(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclBcast(buf, 1024, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclBcast(
     buff: *mut c_void,
@@ -907,6 +1235,21 @@ pub unsafe extern "C" fn ncclBcast(
 /// # Safety
 ///
 /// As [`ncclAllReduce`] (`recvbuff` is written on the root only).
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclReduce(buf, buf, 1024, 7, 2, 0, comm, null_mut()), 0); // ncclMax to rank 0
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclReduce(
     sendbuff: *const c_void,
@@ -940,6 +1283,21 @@ pub unsafe extern "C" fn ncclReduce(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclAllGather(buf, buf, 1024, 7, comm, null_mut()), 0); // in place, rank 0
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclAllGather(
     sendbuff: *const c_void,
@@ -971,6 +1329,21 @@ pub unsafe extern "C" fn ncclAllGather(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclReduceScatter(buf, buf, 1024, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclReduceScatter(
     sendbuff: *const c_void,
@@ -1002,6 +1375,23 @@ pub unsafe extern "C" fn ncclReduceScatter(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut out = null_mut();
+///     assert_eq!(ncclMemAlloc(&mut out, 4096), 0);
+///     assert_eq!(ncclAlltoAll(buf, out, 1024, 7, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclAlltoAll(
     sendbuff: *const c_void,
@@ -1032,6 +1422,21 @@ pub unsafe extern "C" fn ncclAlltoAll(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclGather(buf, buf, 1024, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclGather(
     sendbuff: *const c_void,
@@ -1063,6 +1468,21 @@ pub unsafe extern "C" fn ncclGather(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclScatter(buf, buf, 1024, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclScatter(
     sendbuff: *const c_void,
@@ -1126,6 +1546,25 @@ fn point_to_point(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     // A rank sending to itself: both sides in one group.
+///     assert_eq!(ncclGroupStart(), 0);
+///     assert_eq!(ncclSend(buf, 512, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclRecv(buf.cast::<u8>().add(2048).cast(), 512, 7, 0, comm, null_mut()), 0);
+///     assert_eq!(ncclGroupEnd(), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclSend(
     sendbuff: *const c_void,
@@ -1146,6 +1585,14 @@ pub unsafe extern "C" fn ncclSend(
 /// # Safety
 ///
 /// As [`ncclAllReduce`].
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut b = [0f32; 4];
+/// // SAFETY: a NULL communicator is refused before anything is read.
+/// assert_eq!(unsafe { ncclRecv(b.as_mut_ptr().cast(), 4, 7, 0, null_mut(), null_mut()) }, 4);
+/// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclRecv(
     recvbuff: *mut c_void,
@@ -1159,4 +1606,117 @@ pub unsafe extern "C" fn ncclRecv(
     guard("ncclRecv", || {
         point_to_point(false, recvbuff, count, datatype, peer, comm, stream)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    type R = ncclResult_t;
+    type S = cudaStream_t;
+    type V = *mut c_void;
+    type CV = *const c_void;
+    type T = ncclDataType_t;
+    type O = ncclRedOp_t;
+    type C = ncclComm_t;
+
+    /// nccl.h 2.28's prototypes, as Rust function pointer types: a drift of an exported
+    /// function's signature fails to compile here (the C test checks the same against the
+    /// header itself).
+    #[test]
+    fn exported_signatures_are_the_headers() {
+        let all: Vec<usize> = vec![
+            (ncclGetVersion as unsafe extern "C" fn(*mut c_int) -> R) as usize,
+            (ncclGetUniqueId as unsafe extern "C" fn(*mut ncclUniqueId) -> R) as usize,
+            (ncclCommInitRank as unsafe extern "C" fn(*mut C, c_int, ncclUniqueId, c_int) -> R)
+                as usize,
+            (ncclCommInitRankConfig
+                as unsafe extern "C" fn(*mut C, c_int, ncclUniqueId, c_int, *mut ncclConfig_t) -> R)
+                as usize,
+            (ncclCommInitRankScalable
+                as unsafe extern "C" fn(
+                    *mut C,
+                    c_int,
+                    c_int,
+                    c_int,
+                    *mut ncclUniqueId,
+                    *mut ncclConfig_t,
+                ) -> R) as usize,
+            (ncclCommInitAll as unsafe extern "C" fn(*mut C, c_int, *const c_int) -> R) as usize,
+            (ncclCommSplit as unsafe extern "C" fn(C, c_int, c_int, *mut C, *mut ncclConfig_t) -> R)
+                as usize,
+            (ncclCommShrink
+                as unsafe extern "C" fn(
+                    C,
+                    *mut c_int,
+                    c_int,
+                    *mut C,
+                    *mut ncclConfig_t,
+                    c_int,
+                ) -> R) as usize,
+            (ncclCommRevoke as extern "C" fn(C, c_int) -> R) as usize,
+            (ncclCommFinalize as extern "C" fn(C) -> R) as usize,
+            (ncclCommDestroy as extern "C" fn(C) -> R) as usize,
+            (ncclCommAbort as extern "C" fn(C) -> R) as usize,
+            (ncclCommGetAsyncError as unsafe extern "C" fn(C, *mut R) -> R) as usize,
+            (ncclGetErrorString as extern "C" fn(R) -> *const c_char) as usize,
+            (ncclGetLastError as extern "C" fn(C) -> *const c_char) as usize,
+            (ncclCommCount as unsafe extern "C" fn(C, *mut c_int) -> R) as usize,
+            (ncclCommCuDevice as unsafe extern "C" fn(C, *mut c_int) -> R) as usize,
+            (ncclCommUserRank as unsafe extern "C" fn(C, *mut c_int) -> R) as usize,
+            (ncclCommRegister as unsafe extern "C" fn(C, V, usize, *mut V) -> R) as usize,
+            (ncclCommDeregister as extern "C" fn(C, V) -> R) as usize,
+            (ncclCommWindowRegister
+                as unsafe extern "C" fn(C, V, usize, *mut ncclWindow_t, c_int) -> R)
+                as usize,
+            (ncclCommWindowDeregister as extern "C" fn(C, ncclWindow_t) -> R) as usize,
+            (ncclRedOpCreatePreMulSum
+                as unsafe extern "C" fn(*mut O, V, T, ncclScalarResidence_t, C) -> R)
+                as usize,
+            (ncclRedOpDestroy as extern "C" fn(O, C) -> R) as usize,
+            (ncclReduce as unsafe extern "C" fn(CV, V, usize, T, O, c_int, C, S) -> R) as usize,
+            (ncclBcast as unsafe extern "C" fn(V, usize, T, c_int, C, S) -> R) as usize,
+            (ncclBroadcast as unsafe extern "C" fn(CV, V, usize, T, c_int, C, S) -> R) as usize,
+            (ncclAllReduce as unsafe extern "C" fn(CV, V, usize, T, O, C, S) -> R) as usize,
+            (ncclReduceScatter as unsafe extern "C" fn(CV, V, usize, T, O, C, S) -> R) as usize,
+            (ncclAllGather as unsafe extern "C" fn(CV, V, usize, T, C, S) -> R) as usize,
+            (ncclAlltoAll as unsafe extern "C" fn(CV, V, usize, T, C, S) -> R) as usize,
+            (ncclGather as unsafe extern "C" fn(CV, V, usize, T, c_int, C, S) -> R) as usize,
+            (ncclScatter as unsafe extern "C" fn(CV, V, usize, T, c_int, C, S) -> R) as usize,
+            (ncclSend as unsafe extern "C" fn(CV, usize, T, c_int, C, S) -> R) as usize,
+            (ncclRecv as unsafe extern "C" fn(V, usize, T, c_int, C, S) -> R) as usize,
+            (ncclGroupStart as extern "C" fn() -> R) as usize,
+            (ncclGroupEnd as extern "C" fn() -> R) as usize,
+            (ncclGroupSimulateEnd as unsafe extern "C" fn(*mut ncclSimInfo_t) -> R) as usize,
+            (ncclMemAlloc as unsafe extern "C" fn(*mut V, usize) -> R) as usize,
+            (ncclMemFree as unsafe extern "C" fn(V) -> R) as usize,
+            (ncclDevCommCreate as unsafe extern "C" fn(C, CV, V) -> R) as usize,
+            (ncclDevCommDestroy as unsafe extern "C" fn(C, CV) -> R) as usize,
+        ];
+        // The 42 functions of the C ABI check, each its own symbol.
+        assert_eq!(all.iter().collect::<HashSet<_>>().len(), 42);
+    }
+
+    #[test]
+    fn a_foreign_pointer_is_not_a_communicator() {
+        let mut x = 0u64;
+        let fake: ncclComm_t = (&mut x as *mut u64).cast();
+        let mut n = 0;
+        // SAFETY: `n` is valid to write; the pointer is checked before any use.
+        assert_eq!(
+            unsafe { ncclCommCount(fake, &mut n) },
+            NCCL_INVALID_ARGUMENT
+        );
+        assert!(error::last().contains("not a communicator created by this library"));
+        assert_eq!(x, 0);
+    }
+
+    #[test]
+    fn in_progress_is_not_an_error_text() {
+        error::set_last("before");
+        let r = guard("f", || Err(Fail::new(NCCL_IN_PROGRESS, "initialising")));
+        assert_eq!(r, NCCL_IN_PROGRESS);
+        assert_eq!(error::last(), "ringccl: before");
+    }
 }
