@@ -71,7 +71,7 @@ fn root_item(name: &str) -> &str {
         "CollectiveKind" | "UnknownCollective" => "kind",
         "Communicator" => "comm",
         "Config" | "Algorithm" | "DebugLevel" => "config",
-        "Io" | "DeviceSlice" | "DeviceSliceMut" | "RawBuf" | "SendRecv" => "api",
+        "Io" | "DeviceSlice" | "DeviceSliceMut" | "RawBuf" | "SendRecv" | "PeerOp" => "api",
         "device_count" => "driver",
         "RedOp" => "gpu_kernels",
         other => other,

@@ -233,9 +233,6 @@ impl Communicator {
         if rounds.is_empty() {
             return Ok(());
         }
-        let capturing = exec::capturing(streams)?;
-        let n = devices.len();
-        let ring = self.ring();
         let mut used = vec![false; pairs.len()];
         for &i in rounds.iter().flatten() {
             used[i] = true;
@@ -252,8 +249,25 @@ impl Communicator {
                 ]
             })
             .collect();
+        let result = self.enqueue_rounds::<T, S>(&args, &rounds, streams);
+        drop(guards);
+        result
+    }
+
+    /// Enqueues validated transfers `args` as `rounds` (from [`validate_send_recv`]) on the
+    /// ranks' `streams` (a communicator of one process: every rank's stream).
+    pub(crate) fn enqueue_rounds<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        args: &[P2pArgs],
+        rounds: &[Vec<usize>],
+        streams: &[S],
+    ) -> Result<()> {
+        let size = T::DTYPE.size();
+        let capturing = exec::capturing(streams)?;
+        let n = streams.len();
+        let ring = self.ring();
         let mut result = Ok(());
-        for round in &rounds {
+        for round in rounds {
             let mut ptrs = vec![RankPtrs { send: 0, recv: 0 }; n];
             let mut p2p = Vec::with_capacity(round.len());
             for &i in round {
@@ -284,7 +298,6 @@ impl Communicator {
                 break;
             }
         }
-        drop(guards);
         result
     }
 }

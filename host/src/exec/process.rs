@@ -39,7 +39,7 @@ pub struct ProcessCall<'a> {
 }
 
 impl ProcessCall<'_> {
-    fn send(&self, stream: &CudaStream, s: Signal) -> Result<()> {
+    pub(super) fn send(&self, stream: &CudaStream, s: Signal) -> Result<()> {
         let st = &self.state;
         let flag = st
             .windows
@@ -51,7 +51,7 @@ impl ProcessCall<'_> {
         unsafe { self.memops.write(stream, flag, value, st.rank) }
     }
 
-    fn wait_for(&self, stream: &CudaStream, s: Signal) -> Result<()> {
+    pub(super) fn wait_for(&self, stream: &CudaStream, s: Signal) -> Result<()> {
         let st = &self.state;
         let flag = st
             .windows
