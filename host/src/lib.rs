@@ -83,6 +83,7 @@ pub mod sim;
 mod sim;
 
 mod config;
+pub mod ddp;
 mod debug;
 mod dtype;
 mod error;
@@ -95,7 +96,7 @@ pub mod internals {
     pub use crate::{api, comm, driver, exec, plan, resources, schedule, sim, transport};
 }
 
-pub use api::{DeviceSlice, DeviceSliceMut, Io, RawBuf, SendRecv};
+pub use api::{DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf, SendRecv};
 pub use bootstrap::{BootstrapFailure, LaunchEnv, UniqueId};
 pub use comm::Communicator;
 pub use config::{Algorithm, Config, DebugLevel};

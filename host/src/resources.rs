@@ -39,6 +39,9 @@ pub struct RankResources {
     pub ctx: Arc<CudaContext>,
     /// A non-blocking stream of the communicator's own.
     pub stream: Arc<CudaStream>,
+    /// A second stream of the communicator's own, for peer copies that overlap the caller's
+    /// stream (the copy-engine all-reduce).
+    pub copy_stream: Arc<CudaStream>,
     /// ringccl's kernels in `ctx`.
     pub kernels: Kernels,
     /// The device's name.
@@ -62,6 +65,9 @@ impl RankResources {
         let stream = ctx
             .new_stream()
             .map_err(|e| Error::cuda("cuStreamCreate", r, e))?;
+        let copy_stream = ctx
+            .new_stream()
+            .map_err(|e| Error::cuda("cuStreamCreate", r, e))?;
         let kernels = Kernels::load(&ctx, r)?;
         let name = ctx
             .name()
@@ -78,6 +84,7 @@ impl RankResources {
             ordinal,
             ctx,
             stream,
+            copy_stream,
             kernels,
             name,
             flags,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// and the communicator, the executors, per-rank resources and the transport, the driver; the
 /// pure data modules at the bottom.
 const ALLOWED: &[(&str, &[&str])] = &[
+    ("ddp", &["api", "comm", "dtype", "error"]),
     (
         "api",
         &[
@@ -70,7 +71,7 @@ fn root_item(name: &str) -> &str {
         "CollectiveKind" | "UnknownCollective" => "kind",
         "Communicator" => "comm",
         "Config" | "Algorithm" | "DebugLevel" => "config",
-        "Io" | "DeviceSlice" | "DeviceSliceMut" | "RawBuf" | "SendRecv" => "api",
+        "Io" | "DeviceSlice" | "DeviceSliceMut" | "RawBuf" | "SendRecv" | "PeerOp" => "api",
         "device_count" => "driver",
         "RedOp" => "gpu_kernels",
         other => other,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
-use ringccl::{Communicator, DeviceElement, Io, RedOp, UniqueId};
+use ringccl::{Communicator, DeviceElement, Io, PeerOp, RedOp, UniqueId};
 
 const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
 const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
@@ -348,6 +348,83 @@ fn check_type<T: Elem>(job: &Job, float: bool) -> (usize, usize) {
     (cases, bad)
 }
 
+/// Point-to-point groups of this rank (each rank makes the same calls, naming its own side):
+/// a ring shift, an exchange with every rank (itself included) with a different count per
+/// pair, and sends split differently from the receives; counts from 0 to several chunks of
+/// the peers' scratch. Every element is checked; a collective follows each group.
+fn check_peer_ops<T: Elem>(job: &Job) -> (usize, usize) {
+    let (r, n) = (job.rank, job.n);
+    let s = [job.stream()];
+    let ty = T::DTYPE.name();
+    let (mut cases, mut bad) = (0usize, 0usize);
+    for &c in &[0usize, 1, 4097, (1 << 20) + 3, (3 << 20) + 5] {
+        // Ring shift.
+        let what = format!("peer_ops ring shift {ty} count {c} rank {r}");
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let a = job.up(&inputs::<T>(r, c));
+        let mut b = job.zeros::<T>(c);
+        job.comm
+            .peer_ops(
+                &mut [
+                    PeerOp::send(r, next, &a, c),
+                    PeerOp::recv(r, prev, &mut b, c),
+                ],
+                &s,
+            )
+            .expect(&what);
+        let got = job.down(&b);
+        bad += check(&what, &got, |i| input(prev, i) as f64, 0..c);
+        cases += 1;
+        // Every rank to every rank, count depending on the pair; received in two pieces.
+        let what = format!("peer_ops all to all {ty} count {c} rank {r}");
+        let len = |from: usize, to: usize| c / (1 + from + 2 * to) + from;
+        let sends: Vec<CudaSlice<T>> = (0..n)
+            .map(|q| job.up(&inputs::<T>(r * 10 + q, len(r, q).max(1))))
+            .collect();
+        let mut recvs: Vec<(CudaSlice<T>, CudaSlice<T>)> = (0..n)
+            .map(|q| {
+                let l = len(q, r);
+                (job.zeros::<T>(l / 3), job.zeros::<T>(l - l / 3))
+            })
+            .collect();
+        let mut ops = Vec::new();
+        for (q, buf) in sends.iter().enumerate() {
+            ops.push(PeerOp::send(r, q, buf, len(r, q)));
+        }
+        for (q, (x, y)) in recvs.iter_mut().enumerate() {
+            let l = len(q, r);
+            ops.push(PeerOp::recv(r, q, x, l / 3));
+            ops.push(PeerOp::recv(r, q, y, l - l / 3));
+        }
+        job.comm.peer_ops(&mut ops, &s).expect(&what);
+        drop(ops);
+        for (q, (x, y)) in recvs.iter().enumerate() {
+            let l = len(q, r);
+            let mut got = job.down(x);
+            got.truncate(l / 3);
+            got.extend(job.down(y).into_iter().take(l - l / 3));
+            bad += check(
+                &format!("{what} from {q}"),
+                &got,
+                |i| input(q * 10 + r, i) as f64,
+                0..l,
+            );
+        }
+        cases += 1;
+        // A collective right after: the groups left the scratch and the counters in step.
+        let what = format!("all_reduce after peer_ops {ty} count {c} rank {r}");
+        let x = job.up(&inputs::<T>(r, c));
+        let mut y = job.zeros::<T>(c);
+        job.comm
+            .all_reduce(&mut [Io::out_of_place(&x, &mut y)], c, RedOp::Sum, &s)
+            .expect(&what);
+        let got = job.down(&y);
+        bad += check(&what, &got, |i| reduce_at(RedOp::Sum, n, i, true), 0..c);
+        cases += 1;
+    }
+    (cases, bad)
+}
+
 /// One rank of a job: joins with the id from the environment (or alone, as a job of one rank)
 /// and checks every collective.
 #[test]
@@ -388,6 +465,8 @@ fn rank_of_a_job() {
         check_type::<f32>(&job, true),
         check_type::<bf16>(&job, true),
         check_type::<i32>(&job, false),
+        check_peer_ops::<f32>(&job),
+        check_peer_ops::<i32>(&job),
     ] {
         cases += c;
         bad += b;
@@ -469,8 +548,9 @@ fn ranks_as_threads_of_one_process() {
                     let comm = Communicator::init_rank(2, &id, rank, rank).expect("init_rank");
                     let job = Job { comm, rank, n: 2 };
                     let (c, b) = check_type::<f32>(&job, true);
+                    let (c2, b2) = check_peer_ops::<bf16>(&job);
                     job.comm.synchronize().expect("synchronize");
-                    (c, b)
+                    (c + c2, b + b2)
                 })
             })
             .collect();
@@ -483,4 +563,49 @@ fn ranks_as_threads_of_one_process() {
         println!("thread rank {rank}: {cases} cases, {bad} wrong elements");
         assert_eq!(*bad, 0, "rank {rank}: wrong elements");
     }
+}
+
+/// The same point-to-point API with one process holding both ranks: sends matched with
+/// receives, a ring shift and an exchange of different counts.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn peer_ops_in_one_process() {
+    let comm = Communicator::new(&[0, 1]).expect("a communicator of GPUs 0 and 1");
+    let c = (3 << 20) + 7;
+    let a: Vec<CudaSlice<f32>> = (0..2)
+        .map(|r| {
+            comm.stream(r)
+                .clone_htod(&inputs::<f32>(r, c))
+                .expect("upload")
+        })
+        .collect();
+    let mut b: Vec<CudaSlice<f32>> = (0..2)
+        .map(|r| comm.stream(r).alloc_zeros::<f32>(c).expect("alloc"))
+        .collect();
+    let (b0, b1) = b.split_at_mut(1);
+    let mut ops = [
+        PeerOp::send(0, 1, &a[0], c),
+        PeerOp::recv(1, 0, &mut b1[0], c),
+        PeerOp::send(1, 0, &a[1], c - 5),
+        PeerOp::recv(0, 1, &mut b0[0], c - 5),
+    ];
+    comm.peer_ops(&mut ops, comm.streams()).expect("peer_ops");
+    let mut bad = 0;
+    for (r, buf) in b.iter().enumerate() {
+        comm.stream(r).synchronize().expect("synchronize");
+        let got = comm.stream(r).clone_dtoh(buf).expect("download");
+        let count = if r == 0 { c - 5 } else { c };
+        bad += check(
+            &format!("peer_ops rank {r}"),
+            &got,
+            |i| input(1 - r, i) as f64,
+            0..count,
+        );
+    }
+    // A send without its receive is refused before anything is enqueued.
+    let mut lone = [PeerOp::send(0, 1, &a[0], 16)];
+    let e = comm.peer_ops(&mut lone, comm.streams()).unwrap_err();
+    assert!(e.to_string().contains("no matching receive"), "{e}");
+    println!("peer_ops in one process: 2 transfers of {c} elements, {bad} wrong elements");
+    assert_eq!(bad, 0);
 }

@@ -2,13 +2,15 @@
 //!
 //! * `build-ptx [--check]`: compile `gpu-kernels` to `gpu-kernels/ptx/ringccl_sm{90,80}.ptx`,
 //!   assemble each into a cubin with ptxas, and write the zstd-compressed PTX and cubins next to
-//!   them (with `--check`: build, check, and compare with the committed files instead).
+//!   them (with `--check`: build, check, and compare with the committed files instead); then
+//!   the same for the training example's kernels (`examples/train-mlp/ptx/train_mlp.ptx`).
 //! * `gpu-bundle [--out DIR]`: release test/bench binaries + kernels + `run-all.sh` for a GPU
 //!   machine.
 
 mod bundle;
 mod ptx;
 mod ptxas;
+mod train_ptx;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,15 +19,18 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
   build-ptx [--check]     compile gpu-kernels to gpu-kernels/ptx/ringccl_sm{90,80}.ptx, assemble the
                           cubins with ptxas, write the compressed PTX and cubins (*.zst, cubins.txt);
-                          --check: build and compare with the committed files instead of writing them
+                          --check: build and compare with the committed files instead of writing them;
+                          also the training example's examples/train-mlp/ptx/train_mlp.ptx
   gpu-bundle [--out DIR]  release test and bench binaries + kernels + run-all.sh in DIR (default gpu-bundle/)
 environment: RINGCCL_PTX_RUSTC (nvptx compiler), PTXAS (ptxas: cubins, register/spill checks)";
 
 fn run(args: &[String]) -> Result<(), String> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
-        ["build-ptx"] => ptx::build_ptx(false),
-        ["build-ptx", "--check"] => ptx::build_ptx(true),
+        ["build-ptx"] => ptx::build_ptx(false).and_then(|()| train_ptx::build_train_ptx(false)),
+        ["build-ptx", "--check"] => {
+            ptx::build_ptx(true).and_then(|()| train_ptx::build_train_ptx(true))
+        }
         ["gpu-bundle"] => bundle::gpu_bundle(None),
         ["gpu-bundle", "--out", dir] => bundle::gpu_bundle(Some(PathBuf::from(dir))),
         ["help" | "--help" | "-h"] => {

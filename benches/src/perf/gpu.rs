@@ -21,7 +21,7 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
 };
-use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, LaunchEnv, RedOp};
+use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, LaunchEnv, PeerOp, RedOp};
 
 use super::args::{self, nccl_dtype_name, Libs, Options};
 use super::coll::{self, Shape};
@@ -923,6 +923,9 @@ impl Bench<'_> {
         match lib {
             Lib::Ringccl => {
                 let streams = self.streams();
+                if kind == CollectiveKind::SendRecv {
+                    return self.ringccl_ring_shift(shape, bufs, &streams);
+                }
                 if inplace {
                     let len = in_place_layout(kind, shape, 0).0;
                     let mut views: Vec<CudaViewMut<'_, T>> =
@@ -991,6 +994,25 @@ impl Bench<'_> {
         }
     }
 
+    /// send/recv as nccl-tests' `sendrecv_perf`: every rank sends its buffer to the next rank
+    /// and receives the previous rank's, in one group ([`ringccl::PeerOp`]s).
+    fn ringccl_ring_shift<T: PerfElem>(
+        &self,
+        shape: &Shape,
+        bufs: &mut Bufs<T>,
+        streams: &[&Arc<CudaStream>],
+    ) -> Result<(), String> {
+        let (n, c) = (self.n, shape.count);
+        let mut ops = Vec::with_capacity(2 * self.local.len());
+        for ((a, b), &r) in bufs.a.iter().zip(bufs.b.iter_mut()).zip(&self.local) {
+            ops.push(PeerOp::send(r, (r + 1) % n, a, c));
+            ops.push(PeerOp::recv(r, (r + n - 1) % n, b, c));
+        }
+        self.comm
+            .peer_ops(&mut ops, streams)
+            .map_err(|e| e.to_string())
+    }
+
     fn ringccl_call<T: PerfElem>(
         &self,
         kind: CollectiveKind,
@@ -1009,6 +1031,7 @@ impl Bench<'_> {
             K::Broadcast => c.broadcast(io, count, root, streams),
             K::Reduce => c.reduce(io, count, op, root, streams),
             K::AllToAll => c.all_to_all(io, count, streams),
+            // send/recv goes through `ringccl_ring_shift`.
             K::Gather | K::Scatter | K::SendRecv => return Err(not_measured(kind)),
         }
         .map_err(|e| e.to_string())
@@ -1025,7 +1048,7 @@ impl Bench<'_> {
     ) -> Result<usize, String> {
         use CollectiveKind as K;
         self.sync()?;
-        let (root, count) = (self.opts.root, shape.count);
+        let (root, count, n) = (self.opts.root, shape.count, self.n);
         let Expect { pat, table, tol } = *expect;
         let period = table.len().max(1);
         std::thread::scope(|sc| -> Result<usize, String> {
@@ -1055,8 +1078,9 @@ impl Bench<'_> {
                         K::AllGather => pat.value(j / count, j % count),
                         K::Broadcast => pat.value(root, j),
                         K::AllToAll => pat.value(j / count, r * count + j % count),
+                        K::SendRecv => pat.value((r + n - 1) % n, j),
                         // Not measured: `sweep` refuses them before any launch.
-                        K::Gather | K::Scatter | K::SendRecv => f64::NAN,
+                        K::Gather | K::Scatter => f64::NAN,
                     })
                 }));
             }

@@ -133,7 +133,7 @@ impl Nccl {
                 first_err = Some(format!("rank {r}: no buffers or stream given"));
                 break;
             };
-            if let Err(e) = self.one(kind, shape, dtype, elt, op, root, sp, rp, comm, st) {
+            if let Err(e) = self.one(kind, shape, dtype, elt, op, root, r, sp, rp, comm, st) {
                 first_err = Some(format!("rank {r}: {e}"));
                 break;
             }
@@ -154,6 +154,7 @@ impl Nccl {
         elt: usize,
         op: RedOp,
         root: usize,
+        rank: usize,
         send: u64,
         recv: u64,
         comm: sys::ncclComm_t,
@@ -182,8 +183,16 @@ impl Nccl {
                 K::AllGather => result::all_gather(sp, rp, c, dtype, comm, s),
                 K::Broadcast => result::broadcast(sp, rp, c, dtype, root, comm, s),
                 K::Reduce => result::reduce(sp, rp, c, dtype, red, root, comm, s),
-                K::Gather | K::Scatter | K::SendRecv => {
+                K::Gather | K::Scatter => {
                     return Err(format!("ringccl-perf does not measure {kind} with NCCL"));
+                }
+                K::SendRecv => {
+                    // As nccl-tests' sendrecv_perf: to the next rank, from the previous one,
+                    // inside the caller's group.
+                    let n = self.nranks;
+                    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+                    result::send(sp, c, dtype, next as i32, comm, s)
+                        .and_then(|_| result::recv(rp, c, dtype, prev as i32, comm, s))
                 }
                 K::AllToAll => {
                     // As nccl-tests: one send and one receive per peer, in the group.

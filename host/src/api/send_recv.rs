@@ -250,9 +250,6 @@ impl Communicator {
             &bufs,
             streams,
         )?;
-        let capturing = exec::capturing(streams)?;
-        let n = devices.len();
-        let ring = self.ring();
         let mut used = vec![false; pairs.len()];
         for &i in rounds.iter().flatten() {
             used[i] = true;
@@ -269,9 +266,28 @@ impl Communicator {
                 ]
             })
             .collect();
+        let result = self.enqueue_rounds::<T, S>(&args, &rounds, streams);
+        drop(guards);
+        result
+    }
+
+    /// Enqueues validated transfers `args` as `rounds` (from [`validate_send_recv`]) on the
+    /// ranks' `streams` (a communicator of one process: every rank's stream). Atomic: every
+    /// round is planned before any is enqueued, and all are enqueued under one lock.
+    pub(crate) fn enqueue_rounds<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        args: &[P2pArgs],
+        rounds: &[Vec<usize>],
+        streams: &[S],
+    ) -> Result<()> {
+        self.health().check()?;
+        let size = T::DTYPE.size();
+        let capturing = exec::capturing(streams)?;
+        let n = streams.len();
+        let ring = self.ring();
         // Plan every round first: nothing is enqueued if one cannot be planned.
         let mut planned = Vec::with_capacity(rounds.len());
-        for round in &rounds {
+        for round in rounds {
             let mut ptrs = vec![RankPtrs { send: 0, recv: 0 }; n];
             let mut p2p = Vec::with_capacity(round.len());
             for &i in round {
@@ -317,7 +333,6 @@ impl Communicator {
             }
         }
         drop(call);
-        drop(guards);
         result
     }
 }

@@ -22,7 +22,9 @@
 //!
 //! Nothing here blocks the host.
 
+pub mod copy_engine;
 pub mod oneshot;
+pub mod p2p;
 pub mod process;
 pub mod ring;
 

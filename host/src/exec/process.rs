@@ -46,7 +46,7 @@ pub struct ProcessCall<'a> {
 }
 
 impl ProcessCall<'_> {
-    fn send(&self, stream: &CudaStream, s: Signal) -> Result<()> {
+    pub(super) fn send(&self, stream: &CudaStream, s: Signal) -> Result<()> {
         let st = &self.state;
         let flag = st
             .windows
@@ -58,7 +58,7 @@ impl ProcessCall<'_> {
         unsafe { self.memops.write(stream, flag, value, st.rank) }
     }
 
-    fn wait_for(&self, stream: &CudaStream, s: Signal) -> Result<()> {
+    pub(super) fn wait_for(&self, stream: &CudaStream, s: Signal) -> Result<()> {
         let st = &self.state;
         let flag = st
             .windows

@@ -7,6 +7,8 @@
 //! * [`Prepared`] and [`PlanCache`]: a checked schedule with its event plan, built once per call
 //!   shape and kept by the communicator.
 
+pub mod p2p;
+pub mod copy_engine;
 pub mod signals;
 pub mod topology;
 pub mod tuning;

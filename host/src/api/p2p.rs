@@ -1,0 +1,495 @@
+//! Point-to-point transfers named from one side, as in NCCL: each rank lists its own sends and
+//! receives ([`PeerOp`]), and a group of them is enqueued together (like `ncclSend`/`ncclRecv`
+//! between `ncclGroupStart` and `ncclGroupEnd`). The one API for both kinds of communicator:
+//! * one process holding every rank: the sends are matched with the receives (the `k`-th send
+//!   from rank `a` to rank `b` with the `k`-th receive on `b` from `a`, equal counts), then run as
+//!   [`Communicator::send_recv`] transfers;
+//! * one rank of a job of processes: this rank's operations, matched by its peers' own calls,
+//!   move through the peers' mapped scratch ([`crate::plan::p2p`], [`crate::exec::p2p`]).
+
+use cudarc::driver::{CudaStream, SyncOnDrop};
+
+use super::buffer::{DeviceSlice, DeviceSliceMut, RawBuf};
+use super::collective::Need;
+use super::send_recv::{validate_send_recv, P2pArgs};
+use super::stream_devices;
+use super::validate::{bytes, check_buf, check_common, Held};
+use crate::comm::Communicator;
+use crate::dtype::DeviceElement;
+use crate::plan::p2p::{self, Dir, P2pOp};
+use crate::{exec, Arg, Error, Result};
+
+/// The buffer of one side of a transfer.
+enum Side<'a, T> {
+    Send(&'a dyn DeviceSlice<T>),
+    Recv(&'a mut dyn DeviceSliceMut<T>),
+}
+
+/// One rank's send or receive of a [`Communicator::peer_ops`] group: `count` elements from
+/// `rank`'s buffer to `peer`, or from `peer` into `rank`'s buffer (`peer == rank`: a local copy,
+/// matched with a receive from itself).
+///
+/// ```no_run
+/// use ringccl::{Communicator, PeerOp};
+/// // One rank of a job of processes (started by `ringccl-run -n 2` or torchrun).
+/// let comm = Communicator::from_env()?;
+/// let (me, n) = (comm.local_ranks()[0], comm.nranks());
+/// let s = comm.stream(me);
+/// let send = s.clone_htod(&vec![me as f32; 1024])?;
+/// let mut recv = s.alloc_zeros::<f32>(1024)?;
+/// // A ring shift: send to the next rank, receive from the previous one.
+/// let mut ops = [
+///     PeerOp::send(me, (me + 1) % n, &send, 1024),
+///     PeerOp::recv(me, (me + n - 1) % n, &mut recv, 1024),
+/// ];
+/// comm.peer_ops(&mut ops, &[s])?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct PeerOp<'a, T> {
+    rank: usize,
+    peer: usize,
+    count: usize,
+    buf: RawBuf,
+    side: Side<'a, T>,
+}
+
+impl<'a, T> PeerOp<'a, T> {
+    /// Rank `rank` sends `count` elements of `buf` to rank `peer`.
+    pub fn send<S: DeviceSlice<T> + 'a>(rank: usize, peer: usize, buf: &'a S, count: usize) -> Self {
+        PeerOp {
+            rank,
+            peer,
+            count,
+            buf: buf.raw(),
+            side: Side::Send(buf),
+        }
+    }
+
+    /// Rank `rank` receives `count` elements from rank `peer` into `buf`.
+    pub fn recv<R: DeviceSliceMut<T> + 'a>(
+        rank: usize,
+        peer: usize,
+        buf: &'a mut R,
+        count: usize,
+    ) -> Self {
+        PeerOp {
+            rank,
+            peer,
+            count,
+            buf: buf.raw(),
+            side: Side::Recv(buf),
+        }
+    }
+
+    /// The plain description validation works on.
+    fn args(&self) -> OpArgs {
+        OpArgs {
+            dir: match self.side {
+                Side::Send(_) => Dir::Send,
+                Side::Recv(_) => Dir::Recv,
+            },
+            rank: self.rank,
+            peer: self.peer,
+            count: self.count,
+            buf: self.buf,
+        }
+    }
+
+    /// cudarc's event tracking of the buffer on `stream` (see [`super::buffer`]).
+    fn track<'s>(&'s mut self, stream: &'s CudaStream) -> SyncOnDrop<'s> {
+        match &mut self.side {
+            Side::Send(b) => b.track_read(stream),
+            Side::Recv(b) => b.track_write(stream),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for PeerOp<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PeerOp").field(&self.args()).finish()
+    }
+}
+
+/// One operation as plain data (see [`PeerOp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpArgs {
+    /// Send or receive.
+    pub dir: Dir,
+    /// The rank whose buffer it is.
+    pub rank: usize,
+    /// The rank on the other side.
+    pub peer: usize,
+    /// Elements.
+    pub count: usize,
+    /// The buffer.
+    pub buf: RawBuf,
+}
+
+/// Checks a group of operations of the ranks `held` (with their `streams`' devices): ranks held
+/// here, peers in range, buffers on the rank's device and long enough, and no receive buffer
+/// overlapping another buffer of the group. Operations of 0 elements are checked for their
+/// ranks only. Pure.
+///
+/// ```
+/// use ringccl::internals::api::p2p::{validate_peer_ops, OpArgs};
+/// use ringccl::internals::api::validate::Held;
+/// use ringccl::internals::plan::p2p::Dir;
+/// use ringccl::RawBuf;
+/// let held = Held { nranks: 2, ranks: &[1], devices: &[1] };
+/// let op = OpArgs { dir: Dir::Recv, rank: 1, peer: 0, count: 8, buf: RawBuf::new(0x1000, 8, 1) };
+/// assert!(validate_peer_ops(&[op], &held, &[1], 4).is_ok());
+/// let bad = OpArgs { peer: 2, ..op };
+/// assert!(validate_peer_ops(&[bad], &held, &[1], 4).is_err());
+/// ```
+pub fn validate_peer_ops(
+    ops: &[OpArgs],
+    held: &Held<'_>,
+    streams: &[usize],
+    elem_size: usize,
+) -> Result<()> {
+    let name = "peer_ops";
+    let max = ops.iter().map(|o| o.count).max().unwrap_or(0);
+    check_common(name, held.ranks.len(), held, streams, Some(max), elem_size)?;
+    for (i, o) in ops.iter().enumerate() {
+        let Some(at) = held.ranks.iter().position(|&r| r == o.rank) else {
+            return Err(Error::invalid(
+                Some(o.rank),
+                Arg::Ranks,
+                format!(
+                    "{name}: operation {i} is rank {}'s, which this communicator does not hold \
+                     (it holds {:?})",
+                    o.rank, held.ranks
+                ),
+            ));
+        };
+        if o.peer >= held.nranks {
+            return Err(Error::invalid(
+                Some(o.rank),
+                Arg::Peer,
+                format!(
+                    "{name}: operation {i}: peer {} is out of range for {} ranks",
+                    o.peer, held.nranks
+                ),
+            ));
+        }
+        if o.count == 0 {
+            continue;
+        }
+        let arg = match o.dir {
+            Dir::Send => Arg::Send,
+            Dir::Recv => Arg::Recv,
+        };
+        check_buf(
+            name,
+            o.rank,
+            arg,
+            Some(o.buf),
+            Need::Required(o.count),
+            held.devices[at],
+            elem_size,
+        )?;
+    }
+    let extent = |o: &OpArgs| (o.buf.ptr, o.buf.ptr.saturating_add(bytes(o.count, elem_size)));
+    let overlaps = |a: (u64, u64), b: (u64, u64)| a.0 < b.1 && b.0 < a.1;
+    for (i, o) in ops.iter().enumerate() {
+        if o.dir != Dir::Recv || o.count == 0 {
+            continue;
+        }
+        for (j, q) in ops.iter().enumerate() {
+            if i != j && q.count > 0 && overlaps(extent(o), extent(q)) {
+                let what = if q.dir == Dir::Send { "send" } else { "receive" };
+                return Err(Error::invalid(
+                    Some(o.rank),
+                    Arg::Recv,
+                    format!(
+                        "{name}: the receive buffer of operation {i} overlaps the {what} buffer \
+                         of operation {j}"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Transfers and, per transfer, the indices of its send and its receive operation.
+pub type Matched = (Vec<P2pArgs>, Vec<(usize, usize)>);
+
+/// Pairs the sends of a group with its receives (the `k`-th send from `a` to `b` with the
+/// `k`-th receive on `b` from `a`) into transfers; every operation must have its match with
+/// the same count. Returns the transfers and, per transfer, the indices of its two operations.
+/// Operations of 0 elements are left out on both sides.
+///
+/// ```
+/// use ringccl::internals::api::p2p::{match_peer_ops, OpArgs};
+/// use ringccl::internals::plan::p2p::Dir;
+/// use ringccl::RawBuf;
+/// let op = |dir, rank, peer| OpArgs { dir, rank, peer, count: 4, buf: RawBuf::new(0x1000, 4, rank) };
+/// let (pairs, idx) = match_peer_ops(&[op(Dir::Recv, 1, 0), op(Dir::Send, 0, 1)])?;
+/// assert_eq!((pairs[0].from, pairs[0].to, idx[0]), (0, 1, (1, 0)));
+/// assert!(match_peer_ops(&[op(Dir::Send, 0, 1)]).is_err()); // no receive on rank 1
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn match_peer_ops(ops: &[OpArgs]) -> Result<Matched> {
+    let name = "peer_ops";
+    let live = |dir: Dir| {
+        ops.iter()
+            .enumerate()
+            .filter(move |(_, o)| o.dir == dir && o.count > 0)
+    };
+    let mut taken = vec![false; ops.len()];
+    let (mut pairs, mut idx) = (Vec::new(), Vec::new());
+    for (i, s) in live(Dir::Send) {
+        let m = live(Dir::Recv)
+            .find(|(j, r)| !taken[*j] && r.rank == s.peer && r.peer == s.rank)
+            .map(|(j, _)| j);
+        let Some(j) = m else {
+            return Err(Error::invalid(
+                Some(s.rank),
+                Arg::Peer,
+                format!(
+                    "{name}: operation {i}, a send from rank {} to rank {}, has no matching \
+                     receive on rank {}",
+                    s.rank, s.peer, s.peer
+                ),
+            ));
+        };
+        let r = ops[j];
+        if r.count != s.count {
+            return Err(Error::invalid(
+                Some(r.rank),
+                Arg::Count,
+                format!(
+                    "{name}: rank {} sends {} elements to rank {} (operation {i}) but the \
+                     matching receive (operation {j}) is of {}",
+                    s.rank, s.count, r.rank, r.count
+                ),
+            ));
+        }
+        taken[j] = true;
+        pairs.push(P2pArgs {
+            from: s.rank,
+            to: r.rank,
+            count: s.count,
+            send: s.buf,
+            recv: r.buf,
+        });
+        idx.push((i, j));
+    }
+    if let Some((j, r)) = live(Dir::Recv).find(|(j, _)| !taken[*j]) {
+        return Err(Error::invalid(
+            Some(r.rank),
+            Arg::Peer,
+            format!(
+                "{name}: operation {j}, a receive on rank {} from rank {}, has no matching send",
+                r.rank, r.peer
+            ),
+        ));
+    }
+    Ok((pairs, idx))
+}
+
+impl Communicator {
+    /// A group of sends and receives, each named by the rank that does it (like `ncclSend` and
+    /// `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`), enqueued together on the streams
+    /// of the ranks held here (`streams[i]` for `local_ranks()[i]`). Operations of 0 elements
+    /// are skipped; a receive buffer must not overlap any other buffer of the group.
+    ///
+    /// * A communicator of one process lists every rank's operations: each send must have its
+    ///   receive (the `k`-th send from `a` to `b` matches the `k`-th receive on `b` from `a`)
+    ///   with the same count, or the call fails before enqueuing anything.
+    /// * A rank of a job of processes lists its own; its peers list theirs in their own calls.
+    ///   The bytes sent from `a` to `b` in a group must add up to the bytes `b` receives from
+    ///   `a` in its group (as in NCCL; a mismatch cannot be seen by one rank alone, and leaves
+    ///   the ranks waiting for each other). The data moves in chunks through the receiver's
+    ///   scratch buffer, mapped by the sender.
+    ///
+    /// ```no_run
+    /// use ringccl::{Communicator, PeerOp};
+    /// let comm = Communicator::new(&[0, 1])?; // one process, two ranks
+    /// let a = comm.stream(0).clone_htod(&[1.0f32; 256])?;
+    /// let mut b = comm.stream(1).alloc_zeros::<f32>(256)?;
+    /// let mut ops = [PeerOp::send(0, 1, &a, 256), PeerOp::recv(1, 0, &mut b, 256)];
+    /// comm.peer_ops(&mut ops, comm.streams())?;
+    /// comm.stream(1).synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peer_ops<T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        ops: &mut [PeerOp<'_, T>],
+        streams: &[S],
+    ) -> Result<()> {
+        let size = T::DTYPE.size();
+        let devices = self.devices();
+        let args: Vec<OpArgs> = ops.iter().map(PeerOp::args).collect();
+        let held = Held {
+            nranks: self.nranks(),
+            ranks: self.local_ranks(),
+            devices: &devices,
+        };
+        validate_peer_ops(&args, &held, &stream_devices(streams), size)?;
+        self.health().check()?;
+        let local = self.local_ranks();
+        let bufs: Vec<(usize, u64, Arg)> = args
+            .iter()
+            .filter(|o| o.count > 0)
+            .filter_map(|o| {
+                let i = local.iter().position(|&r| r == o.rank)?;
+                let arg = if o.dir == Dir::Send { Arg::Send } else { Arg::Recv };
+                Some((i, o.buf.ptr, arg))
+            })
+            .collect();
+        super::validate::context::check_buffers(
+            &super::validate::context::rank_contexts(self),
+            &bufs,
+            streams,
+        )?;
+        let Some(p) = self.process() else {
+            // One process holds every rank: `local_ranks()` is `0..n`.
+            let (pairs, idx) = match_peer_ops(&args)?;
+            let rounds = validate_send_recv(&pairs, &devices, &stream_devices(streams), size)?;
+            if rounds.is_empty() {
+                return Ok(());
+            }
+            let mut used = vec![false; ops.len()];
+            for &(i, j) in &idx {
+                used[i] = true;
+                used[j] = true;
+            }
+            let guards: Vec<SyncOnDrop<'_>> = ops
+                .iter_mut()
+                .zip(&used)
+                .filter(|(_, &u)| u)
+                .map(|(o, _)| {
+                    let r = o.rank;
+                    o.track(streams[r].as_ref())
+                })
+                .collect();
+            let result = self.enqueue_rounds::<T, S>(&pairs, &rounds, streams);
+            drop(guards);
+            return result;
+        };
+        // One rank of a job of processes.
+        if args.iter().all(|o| o.count == 0) {
+            return Ok(());
+        }
+        if exec::capturing(streams)? {
+            return Err(Error::invalid(
+                Some(p.rank),
+                Arg::Stream,
+                "a communicator of processes cannot be captured into a CUDA graph yet: call it \
+                 eagerly",
+            ));
+        }
+        let Some(stream) = streams.first() else {
+            return Err(Error::Internal {
+                reason: "no stream for this process's rank".into(),
+            });
+        };
+        let pops: Vec<P2pOp> = args
+            .iter()
+            .map(|o| P2pOp {
+                dir: o.dir,
+                peer: o.peer,
+                bytes: o.count.saturating_mul(size), // checked by validate_peer_ops
+            })
+            .collect();
+        let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
+        let mut state = p.lock();
+        let scratch = state.windows.scratch_bytes();
+        let slot = p2p::slot_bytes(scratch, p.nranks).ok_or_else(|| Error::Internal {
+            reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),
+        })?;
+        let plan = p2p::plan(p.rank, p.nranks, &pops, slot)?;
+        let guards: Vec<SyncOnDrop<'_>> = ops
+            .iter_mut()
+            .filter(|o| o.count > 0)
+            .map(|o| o.track(stream.as_ref()))
+            .collect();
+        let mut call = exec::process::ProcessCall {
+            me: self.resources(p.rank),
+            state: &mut state,
+            memops: &p.memops,
+            health: self.health(),
+        };
+        let result = exec::p2p::execute(&mut call, &plan, &bufs, stream.as_ref());
+        drop(guards);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+
+    fn op(dir: Dir, rank: usize, peer: usize, count: usize, tag: u64) -> OpArgs {
+        OpArgs {
+            dir,
+            rank,
+            peer,
+            count,
+            buf: buf(rank, tag, count),
+        }
+    }
+
+    fn held<'a>(n: usize, ranks: &'a [usize]) -> Held<'a> {
+        Held {
+            nranks: n,
+            ranks,
+            devices: ranks,
+        }
+    }
+
+    #[test]
+    fn one_rank_of_processes_checks_its_own_operations() {
+        let h = held(4, &[2]);
+        let ok = [op(Dir::Send, 2, 3, 8, 1), op(Dir::Recv, 2, 1, 8, 2), op(Dir::Send, 2, 2, 0, 3)];
+        validate_peer_ops(&ok, &h, &[2], F32).unwrap();
+        let reason = err(validate_peer_ops(&[op(Dir::Send, 1, 3, 8, 1)], &h, &[2], F32), Some(1), Arg::Ranks);
+        assert!(reason.contains("does not hold"), "{reason}");
+        err(validate_peer_ops(&[op(Dir::Recv, 2, 4, 8, 1)], &h, &[2], F32), Some(2), Arg::Peer);
+        err(validate_peer_ops(&ok, &h, &[1], F32), Some(2), Arg::Stream);
+        err(validate_peer_ops(&ok, &h, &[2, 2], F32), None, Arg::Stream);
+        let mut short = op(Dir::Recv, 2, 1, 8, 2);
+        short.buf.len = 7;
+        err(validate_peer_ops(&[short], &h, &[2], F32), Some(2), Arg::Recv);
+    }
+
+    #[test]
+    fn receive_buffers_must_not_overlap() {
+        let h = held(2, &[0]);
+        let a = op(Dir::Recv, 0, 1, 8, 1);
+        let mut b = op(Dir::Send, 0, 1, 8, 2);
+        b.buf = a.buf;
+        let reason = err(validate_peer_ops(&[a, b], &h, &[0], F32), Some(0), Arg::Recv);
+        assert!(reason.contains("send buffer of operation 1"), "{reason}");
+        // Two sends from one buffer are fine.
+        let s = op(Dir::Send, 0, 1, 8, 2);
+        validate_peer_ops(&[s, s], &h, &[0], F32).unwrap();
+    }
+
+    #[test]
+    fn matching_in_order_with_equal_counts() {
+        let ops = [
+            op(Dir::Send, 0, 1, 4, 1),
+            op(Dir::Send, 0, 1, 6, 2),
+            op(Dir::Recv, 1, 0, 4, 3),
+            op(Dir::Recv, 1, 0, 6, 4),
+            op(Dir::Send, 1, 1, 2, 5),
+            op(Dir::Recv, 1, 1, 2, 6),
+            op(Dir::Recv, 0, 1, 0, 7), // empty: ignored
+        ];
+        let (pairs, idx) = match_peer_ops(&ops).unwrap();
+        assert_eq!(idx, vec![(0, 2), (1, 3), (4, 5)]);
+        assert_eq!(pairs[2].from, pairs[2].to);
+        let mut bad = ops;
+        bad[3].count = 5;
+        let reason = err(match_peer_ops(&bad), Some(1), Arg::Count);
+        assert!(reason.contains("sends 6"), "{reason}");
+        let reason = err(match_peer_ops(&ops[..3]), Some(0), Arg::Peer);
+        assert!(reason.contains("operation 1"), "{reason}");
+        let reason = err(match_peer_ops(&ops[2..4]), Some(1), Arg::Peer);
+        assert!(reason.contains("no matching send"), "{reason}");
+    }
+}

@@ -1,0 +1,97 @@
+//! The executor of a rank's part of a group of point-to-point transfers among processes: the
+//! copies, signals and waits of a [`P2pPlan`](crate::plan::p2p::P2pPlan) on the rank's stream.
+//!
+//! Copies are `cuMemcpyDtoDAsync` (a copy engine) from the caller's send buffers into the peers'
+//! scratch, mapped in this process, and from this rank's scratch into the caller's receive
+//! buffers; signals (stream memory writes) and waits (the bounded wait kernel) are those of
+//! [`super::process`], on the same per-pair counters as the collectives among processes. Like a collective, the group
+//! starts after this rank's previous call and records its end. CUDA-graph capture is refused
+//! by the caller (the counters' values would be frozen into the graph).
+
+use cudarc::driver::CudaStream;
+
+use super::process::ProcessCall;
+use super::{internal, record, wait};
+use crate::plan::p2p::{Action, P2pPlan, Place};
+use crate::plan::signals::Signal;
+use crate::{Error, Result};
+
+/// Enqueues `plan` on `stream`; `bufs[i]` is the address of the buffer of the plan's operation
+/// `i` (validated by the caller to hold the operation's bytes).
+pub fn execute(
+    call: &mut ProcessCall<'_>,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = (call.state.rank, call.state.sent.len());
+    call.health.check()?;
+    if plan.sent.len() != n || plan.received.len() != n || r >= n {
+        return Err(internal(format!(
+            "rank {r} of {n}: a point-to-point plan for {} ranks",
+            plan.sent.len()
+        )));
+    }
+    if plan.actions.is_empty() {
+        return Ok(());
+    }
+    let scratch_bytes = call.state.windows.scratch_bytes();
+    if plan.slot.saturating_mul(2).saturating_mul(n) > scratch_bytes {
+        return Err(internal(format!(
+            "slots of {} bytes for {n} ranks exceed the scratch of {scratch_bytes} bytes",
+            plan.slot
+        )));
+    }
+    if let Err(cause) = issue(call, plan, bufs, stream) {
+        // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
+        // agree. The communicator is failed; its abort word ends the waits already enqueued.
+        let e = Error::PartlyEnqueued {
+            enqueued: vec![r],
+            cause: Box::new(cause),
+        };
+        call.health.fail(e.clone());
+        return Err(e);
+    }
+    for q in 0..n {
+        call.state.sent[q] += plan.sent[q];
+        call.state.received[q] += plan.received[q];
+    }
+    Ok(())
+}
+
+fn issue(call: &ProcessCall<'_>, plan: &P2pPlan, bufs: &[u64], stream: &CudaStream) -> Result<()> {
+    let r = call.state.rank;
+    let scratch = call.state.windows.scratch();
+    let addr = |p: Place| -> Result<u64> {
+        let (base, offset) = match p {
+            Place::Op { op, offset } => (bufs.get(op).copied(), offset),
+            Place::Scratch { rank, offset } => (scratch.get(rank).copied(), offset),
+        };
+        base.and_then(|b| b.checked_add(offset as u64))
+            .ok_or_else(|| internal(format!("no address for {p:?}")))
+    };
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
+    wait(stream, &call.state.end, r)?;
+    for a in &plan.actions {
+        match *a {
+            Action::Signal { peer, k } => call.send(stream, Signal { peer, k })?,
+            Action::Wait { peer, k } => call.wait_for(stream, Signal { peer, k })?,
+            Action::Copy { from, to, bytes } => {
+                let (src, dst) = (addr(from)?, addr(to)?);
+                // SAFETY: `src` and `dst` are `bytes` within the caller's validated buffers or a
+                // rank's scratch (the plan keeps every chunk inside its slot, and the slots
+                // inside the scratch: checked above), mapped in this process for the
+                // communicator's life; the plan's signals keep a slot from being written while
+                // its peer still reads it.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream())
+                }
+                .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
+            }
+        }
+    }
+    record(&call.state.end, stream, r)
+}

@@ -1,0 +1,501 @@
+//! Point-to-point transfers among processes, planned: one rank's part of a group of sends and
+//! receives (like `ncclSend`/`ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`) as a list
+//! of copies, signals and waits.
+//!
+//! A rank reaches no peer's memory but the peer's scratch (mapped in its process), so a transfer
+//! from rank `s` to rank `d` moves through `d`'s scratch in chunks of [`P2pPlan::slot`] bytes:
+//! `s` copies chunk `k` of its send data into slot `k % 2` of the region `d` keeps for `s`, and
+//! signals *data `k`*; `d` waits for it, copies the chunk out into its receive buffer and signals
+//! *consumed `k`*, after which `s` may fill that slot again (chunk `k + 2`). Before its first
+//! chunk, `s` waits for `d`'s *ready* signal: `d` has reached the group (its earlier work on its
+//! scratch is done).
+//!
+//! The sends from `s` to `d` in one group are one byte stream (in the order given), and so are
+//! the receives on `d` from `s`: the `i`-th byte sent is the `i`-th byte received, and the totals
+//! must be equal, as in NCCL.
+//!
+//! Signals from `r` to `q` in one group, in the order `r`'s stream issues them (see
+//! [`super::signals`] for the counters): *ready* if `r` receives from `q`, then per chunk index
+//! `k`: *data `k`* (if `r` sends chunk `k` to `q`), *consumed `k`* (if `r` received chunk `k`
+//! from `q`). Both sides compute the same numbers from the same byte counts. A rank issues, in
+//! order: its ready signals; then per `k`, first its chunk-`k` sends to every peer, then its
+//! chunk-`k` receives. Each wait depends on a signal issued earlier in that order by the peer
+//! (chunk `k - 2`'s consumption, or chunk `k`'s data, issued before the chunk-`k` receives), so
+//! no set of ranks can wait on each other in a cycle.
+
+use crate::{Arg, Error, Result};
+
+/// Which side of a transfer an operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// Bytes from this rank to the peer.
+    Send,
+    /// Bytes from the peer into this rank.
+    Recv,
+}
+
+/// One operation of this rank's part of a group: `bytes` to or from `peer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pOp {
+    /// Send or receive.
+    pub dir: Dir,
+    /// The rank on the other side (this rank itself: a local copy).
+    pub peer: usize,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+/// A place a copy reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// `offset` bytes into the buffer of operation `op` (an index into the plan's operations).
+    Op {
+        /// The operation.
+        op: usize,
+        /// Bytes from the buffer's start.
+        offset: usize,
+    },
+    /// `offset` bytes into rank `rank`'s scratch.
+    Scratch {
+        /// The rank whose scratch.
+        rank: usize,
+        /// Bytes from the scratch's start.
+        offset: usize,
+    },
+}
+
+/// One thing this rank's stream does, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Signal `peer`: the `k`-th signal (1-based) from this rank to `peer` in this group.
+    Signal {
+        /// The receiving rank.
+        peer: usize,
+        /// The signal's number in this group for the pair.
+        k: u64,
+    },
+    /// Wait until `peer` has sent its `k`-th signal of this group to this rank.
+    Wait {
+        /// The signalling rank.
+        peer: usize,
+        /// The signal's number in this group for the pair.
+        k: u64,
+    },
+    /// Copy `bytes` from `from` to `to`.
+    Copy {
+        /// Source.
+        from: Place,
+        /// Destination.
+        to: Place,
+        /// Bytes.
+        bytes: usize,
+    },
+}
+
+/// One rank's part of a group of transfers among processes. See the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct P2pPlan {
+    /// Bytes of one chunk (one slot of a scratch region).
+    pub slot: usize,
+    /// What the rank's stream does, in order.
+    pub actions: Vec<Action>,
+    /// Signals this rank sends to each rank in the group.
+    pub sent: Vec<u64>,
+    /// Signals each rank sends to this rank in the group.
+    pub received: Vec<u64>,
+}
+
+/// The per-pair chunk counts of the signal numbering.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pair {
+    /// Chunks this rank sends to the peer.
+    out: usize,
+    /// Chunks this rank receives from the peer.
+    inn: usize,
+}
+
+impl Pair {
+    /// The number of the sender's signal for `data k` in the sequence of a rank that sends
+    /// `out` chunks and receives `inn` chunks (see the module docs).
+    fn data(out: usize, inn: usize, k: usize) -> u64 {
+        (usize::from(inn > 0) + k.min(out) + k.min(inn) + 1) as u64
+    }
+
+    /// The number of `consumed k` in the same sequence.
+    fn consumed(out: usize, inn: usize, k: usize) -> u64 {
+        (usize::from(inn > 0) + (k + 1).min(out) + k.min(inn) + 1) as u64
+    }
+
+    /// Signals in the sequence.
+    fn total(out: usize, inn: usize) -> u64 {
+        (usize::from(inn > 0) + out + inn) as u64
+    }
+}
+
+/// The chunk size for `scratch_bytes` of scratch per rank and `nranks` ranks: two slots per
+/// source rank, each a multiple of 256 bytes (`None` if that leaves less than 256 bytes).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::slot_bytes;
+/// assert_eq!(slot_bytes(4 << 20, 2), Some(1 << 20));
+/// assert_eq!(slot_bytes(1024, 4), None);
+/// ```
+pub fn slot_bytes(scratch_bytes: usize, nranks: usize) -> Option<usize> {
+    let per = scratch_bytes / nranks.max(1).saturating_mul(2) / 256 * 256;
+    (per >= 256).then_some(per)
+}
+
+/// The pieces of byte range `[start, start + len)` of the stream made of the buffers of `ops`
+/// (operation index, bytes), in order: (operation, offset in its buffer, bytes).
+fn pieces(ops: &[(usize, usize)], start: usize, len: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let (end, mut base) = (start + len, 0);
+    for &(op, bytes) in ops {
+        let (lo, hi) = (start.max(base), end.min(base + bytes));
+        if lo < hi {
+            out.push((op, lo - base, hi - lo));
+        }
+        base += bytes;
+        if base >= end {
+            break;
+        }
+    }
+    out
+}
+
+/// Plans rank `me`'s part (of `nranks`) of a group made of `ops` with chunks of `slot` bytes.
+///
+/// Errors if a peer is out of range, a byte count overflows, or the sends to this rank itself
+/// do not add up to its receives from itself.
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{plan, Action, Dir, P2pOp};
+/// // Rank 0 of 2 sends 3 KiB to rank 1 in chunks of 1 KiB.
+/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 3 << 10 }], 1 << 10)?;
+/// assert_eq!(p.sent, vec![0, 3]); // data 0, 1, 2
+/// assert_eq!(p.received, vec![0, 4]); // ready, consumed 0, 1, 2
+/// assert_eq!(p.actions[0], Action::Wait { peer: 1, k: 1 }); // rank 1's ready
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pPlan> {
+    let bad = |reason: String| Error::Internal { reason };
+    if me >= nranks || slot == 0 {
+        return Err(bad(format!("a point-to-point plan for rank {me} of {nranks}")));
+    }
+    // Per peer: the operations of each direction, in order, and their byte totals.
+    let mut outs: Vec<Vec<(usize, usize)>> = vec![Vec::new(); nranks];
+    let mut ins: Vec<Vec<(usize, usize)>> = vec![Vec::new(); nranks];
+    for (i, o) in ops.iter().enumerate() {
+        if o.peer >= nranks {
+            return Err(bad(format!("peer {} of {nranks} ranks", o.peer)));
+        }
+        if o.bytes == 0 {
+            continue;
+        }
+        match o.dir {
+            Dir::Send => outs[o.peer].push((i, o.bytes)),
+            Dir::Recv => ins[o.peer].push((i, o.bytes)),
+        }
+    }
+    let total = |v: &[(usize, usize)]| {
+        v.iter()
+            .try_fold(0usize, |a, &(_, b)| a.checked_add(b))
+            .ok_or_else(|| bad("point-to-point byte counts overflow".into()))
+    };
+    let chunks = |bytes: usize| bytes.div_ceil(slot);
+    let mut pairs = vec![Pair::default(); nranks];
+    let mut actions = Vec::new();
+    for q in 0..nranks {
+        let (o, i) = (total(&outs[q])?, total(&ins[q])?);
+        if q == me {
+            if o != i {
+                return Err(Error::invalid(
+                    Some(me),
+                    Arg::Count,
+                    format!("rank {me} sends {o} bytes to itself but receives {i} from itself"),
+                ));
+            }
+            // A local copy, piece by piece of the two streams.
+            let mut at = 0;
+            for (op, off, len) in pieces(&outs[q], 0, o) {
+                let mut within = 0;
+                for (rop, roff, rlen) in pieces(&ins[q], at, len) {
+                    actions.push(Action::Copy {
+                        from: Place::Op {
+                            op,
+                            offset: off + within,
+                        },
+                        to: Place::Op {
+                            op: rop,
+                            offset: roff,
+                        },
+                        bytes: rlen,
+                    });
+                    within += rlen;
+                }
+                at += len;
+            }
+            continue;
+        }
+        pairs[q] = Pair {
+            out: chunks(o),
+            inn: chunks(i),
+        };
+    }
+    // Ready signals.
+    for (q, p) in pairs.iter().enumerate() {
+        if p.inn > 0 {
+            actions.push(Action::Signal { peer: q, k: 1 });
+        }
+    }
+    let rounds = pairs.iter().map(|p| p.out.max(p.inn)).max().unwrap_or(0);
+    let region = |src: usize, k: usize| (src * 2 + k % 2) * slot;
+    for k in 0..rounds {
+        for (q, p) in pairs.iter().enumerate() {
+            if k >= p.out {
+                continue;
+            }
+            // The peer's sequence: it sends `p.inn` chunks to this rank and receives `p.out`.
+            if k == 0 {
+                actions.push(Action::Wait { peer: q, k: 1 });
+            } else if k >= 2 {
+                actions.push(Action::Wait {
+                    peer: q,
+                    k: Pair::consumed(p.inn, p.out, k - 2),
+                });
+            }
+            let start = k * slot;
+            let len = slot.min(total(&outs[q])? - start);
+            let mut at = region(me, k);
+            for (op, offset, bytes) in pieces(&outs[q], start, len) {
+                actions.push(Action::Copy {
+                    from: Place::Op { op, offset },
+                    to: Place::Scratch { rank: q, offset: at },
+                    bytes,
+                });
+                at += bytes;
+            }
+            actions.push(Action::Signal {
+                peer: q,
+                k: Pair::data(p.out, p.inn, k),
+            });
+        }
+        for (q, p) in pairs.iter().enumerate() {
+            if k >= p.inn {
+                continue;
+            }
+            actions.push(Action::Wait {
+                peer: q,
+                k: Pair::data(p.inn, p.out, k),
+            });
+            let start = k * slot;
+            let len = slot.min(total(&ins[q])? - start);
+            let mut at = region(q, k);
+            for (op, offset, bytes) in pieces(&ins[q], start, len) {
+                actions.push(Action::Copy {
+                    from: Place::Scratch { rank: me, offset: at },
+                    to: Place::Op { op, offset },
+                    bytes,
+                });
+                at += bytes;
+            }
+            actions.push(Action::Signal {
+                peer: q,
+                k: Pair::consumed(p.out, p.inn, k),
+            });
+        }
+    }
+    let sent = pairs.iter().map(|p| Pair::total(p.out, p.inn)).collect();
+    let received = pairs.iter().map(|p| Pair::total(p.inn, p.out)).collect();
+    Ok(P2pPlan {
+        slot,
+        actions,
+        sent,
+        received,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transfer of the group: `bytes` from rank `from` to rank `to`.
+    type Transfer = (usize, usize, usize);
+
+    /// Every rank's operations for `group`, in the group's order.
+    fn ops_of(group: &[Transfer], n: usize) -> Vec<Vec<P2pOp>> {
+        let mut ops = vec![Vec::new(); n];
+        for &(from, to, bytes) in group {
+            ops[from].push(P2pOp { dir: Dir::Send, peer: to, bytes });
+            ops[to].push(P2pOp { dir: Dir::Recv, peer: from, bytes });
+        }
+        ops
+    }
+
+    fn byte(rank: usize, op: usize, i: usize) -> u8 {
+        (rank * 131 + op * 31 + i * 7 + 1) as u8
+    }
+
+    /// Runs every rank's plan with the ranks' steps interleaved by `seed` (0: round robin),
+    /// byte by byte: checks that no rank waits forever, that every signal is the pair's next,
+    /// that every receive buffer ends with the bytes sent to it, and the signal totals.
+    fn simulate(group: &[Transfer], n: usize, slot: usize, seed: u64) {
+        let ops = ops_of(group, n);
+        let plans: Vec<P2pPlan> = (0..n).map(|r| plan(r, n, &ops[r], slot).unwrap()).collect();
+        let mut bufs: Vec<Vec<Vec<u8>>> = (0..n)
+            .map(|r| {
+                ops[r]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| match o.dir {
+                        Dir::Send => (0..o.bytes).map(|b| byte(r, i, b)).collect(),
+                        Dir::Recv => vec![0; o.bytes],
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut scratch = vec![vec![0u8; n * 2 * slot]; n];
+        let mut flags = vec![vec![0u64; n]; n]; // flags[receiver][sender]
+        let mut pc = vec![0usize; n];
+        let mut rng = seed;
+        loop {
+            let ready: Vec<usize> = (0..n)
+                .filter(|&r| match plans[r].actions.get(pc[r]) {
+                    None => false,
+                    Some(Action::Wait { peer, k }) => flags[r][*peer] >= *k,
+                    Some(_) => true,
+                })
+                .collect();
+            if ready.is_empty() {
+                let stuck: Vec<_> = (0..n).filter(|&r| pc[r] < plans[r].actions.len()).collect();
+                assert!(stuck.is_empty(), "ranks {stuck:?} wait forever ({group:?}, slot {slot})");
+                break;
+            }
+            let r = if seed == 0 {
+                ready[0]
+            } else {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                ready[(rng % ready.len() as u64) as usize]
+            };
+            match plans[r].actions[pc[r]] {
+                Action::Wait { .. } => {}
+                Action::Signal { peer, k } => {
+                    assert_eq!(flags[peer][r] + 1, k, "rank {r} → {peer}: signals out of order");
+                    flags[peer][r] = k;
+                }
+                Action::Copy { from, to, bytes } => {
+                    let data: Vec<u8> = match from {
+                        Place::Op { op, offset } => bufs[r][op][offset..offset + bytes].to_vec(),
+                        Place::Scratch { rank, offset } => {
+                            assert_eq!(rank, r, "rank {r} reads another rank's scratch");
+                            scratch[rank][offset..offset + bytes].to_vec()
+                        }
+                    };
+                    match to {
+                        Place::Op { op, offset } => {
+                            assert_eq!(ops[r][op].dir, Dir::Recv, "rank {r} writes a send buffer");
+                            bufs[r][op][offset..offset + bytes].copy_from_slice(&data)
+                        }
+                        Place::Scratch { rank, offset } => {
+                            scratch[rank][offset..offset + bytes].copy_from_slice(&data)
+                        }
+                    }
+                }
+            }
+            pc[r] += 1;
+        }
+        // Every pair's stream of bytes arrived in order.
+        for s in 0..n {
+            for d in 0..n {
+                let sent: Vec<u8> = ops[s]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| o.dir == Dir::Send && o.peer == d)
+                    .flat_map(|(i, o)| (0..o.bytes).map(move |b| byte(s, i, b)))
+                    .collect();
+                let got: Vec<u8> = ops[d]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| o.dir == Dir::Recv && o.peer == s)
+                    .flat_map(|(i, _)| bufs[d][i].iter().copied())
+                    .collect();
+                assert_eq!(got, sent, "{s} → {d} ({group:?}, slot {slot}, seed {seed})");
+                assert_eq!(flags[d][s], plans[s].sent[d], "signals {s} → {d}");
+                assert_eq!(flags[d][s], plans[d].received[s], "signals {s} → {d} as {d} counts");
+            }
+        }
+    }
+
+    fn simulate_many(group: &[Transfer], n: usize, slot: usize) {
+        for seed in [0, 1, 7, 42, 1234, 0xdead_beef, 99, 5] {
+            simulate(group, n, slot, seed);
+        }
+    }
+
+    #[test]
+    fn two_ranks_both_ways_every_size() {
+        for a in [0, 1, 15, 16, 17, 40, 64, 100] {
+            for b in [0, 1, 16, 33, 112] {
+                simulate_many(&[(0, 1, a), (1, 0, b)], 2, 16);
+            }
+        }
+    }
+
+    #[test]
+    fn all_to_all_of_four_with_self_copies() {
+        let mut group = Vec::new();
+        for s in 0..4 {
+            for d in 0..4 {
+                group.push((s, d, 8 * (s + 1) + 13 * d + 3));
+            }
+        }
+        simulate_many(&group, 4, 16);
+    }
+
+    #[test]
+    fn several_operations_per_pair_form_one_stream() {
+        simulate_many(&[(0, 1, 5), (0, 1, 37), (1, 0, 3), (0, 1, 0), (0, 1, 17)], 2, 16);
+        // Different splits on the two sides: rank 1 receives 59 bytes as 20 + 39.
+        let ops0 = [
+            P2pOp { dir: Dir::Send, peer: 1, bytes: 5 },
+            P2pOp { dir: Dir::Send, peer: 1, bytes: 54 },
+        ];
+        let ops1 = [
+            P2pOp { dir: Dir::Recv, peer: 0, bytes: 20 },
+            P2pOp { dir: Dir::Recv, peer: 0, bytes: 39 },
+        ];
+        let (p0, p1) = (plan(0, 2, &ops0, 16).unwrap(), plan(1, 2, &ops1, 16).unwrap());
+        assert_eq!(p0.sent[1], p1.received[0]);
+        assert_eq!(p0.received[1], p1.sent[0]);
+    }
+
+    #[test]
+    fn a_ring_shift_and_fan_in_of_five() {
+        let ring: Vec<_> = (0..5).map(|r| (r, (r + 1) % 5, 70 + r)).collect();
+        simulate_many(&ring, 5, 32);
+        let fan_in: Vec<_> = (1..5).map(|r| (r, 0, 50 * r)).collect();
+        simulate_many(&fan_in, 5, 32);
+    }
+
+    #[test]
+    fn self_copies_must_add_up() {
+        let ops = [
+            P2pOp { dir: Dir::Send, peer: 0, bytes: 8 },
+            P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
+        ];
+        let e = plan(0, 2, &ops, 16).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { rank: Some(0), .. }), "{e}");
+        let e = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 2, bytes: 8 }], 16).unwrap_err();
+        assert!(e.to_string().contains("peer 2"), "{e}");
+    }
+
+    #[test]
+    fn slots_of_scratch() {
+        assert_eq!(slot_bytes(4 << 20, 8), Some(256 << 10));
+        assert_eq!(slot_bytes(4 << 20, 1024), Some(2048));
+        assert_eq!(slot_bytes(1000, 1), Some(256));
+        assert_eq!(slot_bytes(0, 0), None);
+    }
+}
