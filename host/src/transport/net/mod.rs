@@ -1,0 +1,232 @@
+//! Ranks across the network: the point-to-point protocol of [`crate::plan::p2p`] carried over
+//! UCX by a proxy thread per rank.
+//!
+//! A network peer's memory cannot be mapped, so the slots-and-counters contract of the CUDA IPC
+//! path is kept, with the peer's scratch replaced by two pieces of this rank's own host memory
+//! ([`NetMem`]; pinned and mapped into the device on a GPU, plain memory in the CPU tests):
+//! * an **outbox**: where the plan's copy of chunk `k` into peer `q`'s scratch lands instead
+//!   (the same slot, indexed by destination: [`outbox_offset`]), and a **posted** word per peer:
+//!   the latest signal counter this rank's stream has issued to `q`;
+//! * the rank's **scratch** (inbox) and a **flag** word per peer, exactly as with IPC: chunks
+//!   from `q` land in `q`'s slots, and the flag holds the latest signal counter from `q`, which
+//!   the stream waits on.
+//!
+//! The stream (a GPU stream, or host code in the tests) copies a chunk into the outbox, then
+//! writes the posted word; the rank's [`proxy::Proxy`], which was handed the list of signals the
+//! stream will post ([`program`]: which counter value carries which chunk), sees the word
+//! reach a signal's value, sends one message (header + chunk) to the peer's proxy, which writes
+//! the chunk into its scratch and then raises its flag word for the sender, in order. *Ready*
+//! and *consumed* signals are messages without a chunk; they are the credits: a sender writes
+//! chunk `k + 2` into a slot only after the receiver's *consumed `k`*, as with IPC.
+//!
+//! Every wait is bounded (a send in flight, the closing handshake, [`proxy::Proxy::wait`]); a
+//! lost peer (UCX's endpoint error handler) fails the proxy, which releases its worker, so that
+//! the failure reaches every rank; UCX's errors keep their text ([`crate::Error::Network`]).
+//! UCX is loaded at run time ([`ucp`]); building ringccl needs none.
+// Used by the tests and the internals today; the communicator chooses it per peer next.
+#![cfg_attr(not(feature = "internals"), allow(dead_code))]
+
+pub mod proxy;
+pub mod ucp;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::AtomicU64;
+
+use crate::plan::p2p::{Action, P2pPlan, Place};
+use crate::{Error, Result};
+use proxy::{Chunk, Outgoing};
+
+/// A rank's memory of the network path: `nranks` flag words, `nranks` posted words, then the
+/// scratch (inbox) and the outbox, each of `scratch_bytes`.
+#[derive(Debug)]
+pub struct NetMem {
+    base: *mut u8,
+    nranks: usize,
+    scratch_bytes: usize,
+    /// The allocation, when this memory owns it (8-byte aligned).
+    _own: Option<Box<[AtomicU64]>>,
+}
+
+// SAFETY: the counters are atomics; the slot bytes are written and read through raw pointers
+// only, by one side at a time, as the protocol's counters order (module docs).
+unsafe impl Send for NetMem {}
+// SAFETY: as above.
+unsafe impl Sync for NetMem {}
+
+impl NetMem {
+    /// Bytes of a `NetMem` for `nranks` ranks and `scratch_bytes` of scratch.
+    pub fn bytes(nranks: usize, scratch_bytes: usize) -> Option<usize> {
+        nranks
+            .checked_mul(16)?
+            .checked_add(scratch_bytes.checked_mul(2)?)
+    }
+
+    /// Zeroed host memory for `nranks` ranks with `scratch_bytes` of scratch (a multiple of 8).
+    ///
+    /// ```
+    /// use ringccl::internals::transport::net::NetMem;
+    /// let m = NetMem::new(2, 1024)?;
+    /// assert_eq!(m.scratch_bytes(), 1024);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn new(nranks: usize, scratch_bytes: usize) -> Result<NetMem> {
+        let bytes = NetMem::bytes(nranks, scratch_bytes)
+            .filter(|_| scratch_bytes.is_multiple_of(8) && nranks > 0)
+            .ok_or_else(|| Error::Internal {
+                reason: format!("network memory for {nranks} ranks and {scratch_bytes} bytes"),
+            })?;
+        let own: Box<[AtomicU64]> = (0..bytes / 8).map(|_| AtomicU64::new(0)).collect();
+        Ok(NetMem {
+            base: own.as_ptr() as *mut u8,
+            nranks,
+            scratch_bytes,
+            _own: Some(own),
+        })
+    }
+
+    /// Memory at `base` (e.g. pinned host memory mapped into a device), laid out as above.
+    ///
+    /// # Safety
+    /// `base` is 8-byte aligned, zeroed, and valid for reads and writes of
+    /// [`NetMem::bytes`]`(nranks, scratch_bytes)` bytes for the life of the returned value;
+    /// `scratch_bytes` is a multiple of 8.
+    pub unsafe fn from_raw(base: *mut u8, nranks: usize, scratch_bytes: usize) -> NetMem {
+        NetMem {
+            base,
+            nranks,
+            scratch_bytes,
+            _own: None,
+        }
+    }
+
+    /// Ranks.
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// Bytes of the scratch (and of the outbox).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch_bytes
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        // SAFETY: callers pass `i < 2 * nranks`; the words are 8-aligned, inside the memory,
+        // and only ever accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(i * 8) as *mut u64) }
+    }
+
+    /// The latest signal counter from `peer` (written by the proxy, waited on by the stream).
+    pub fn flag(&self, peer: usize) -> Option<&AtomicU64> {
+        (peer < self.nranks).then(|| self.word(peer))
+    }
+
+    /// The latest signal counter this rank's stream issued to `peer` (read by the proxy).
+    pub fn posted(&self, peer: usize) -> Option<&AtomicU64> {
+        (peer < self.nranks).then(|| self.word(self.nranks + peer))
+    }
+
+    /// Byte offset of the flag words, the posted words, the scratch and the outbox.
+    pub fn offsets(&self) -> [usize; 4] {
+        let s = self.nranks * 16;
+        [0, self.nranks * 8, s, s + self.scratch_bytes]
+    }
+
+    fn range(&self, start: usize, at: usize, bytes: usize) -> Option<*mut u8> {
+        let end = at.checked_add(bytes)?;
+        // SAFETY: `start + end` is inside the memory (checked just before).
+        (end <= self.scratch_bytes).then(|| unsafe { self.base.add(start + at) })
+    }
+
+    /// `bytes` of the scratch from `at`, if inside it.
+    pub fn scratch_range(&self, at: usize, bytes: usize) -> Option<*mut u8> {
+        self.range(self.offsets()[2], at, bytes)
+    }
+
+    /// `bytes` of the outbox from `at`, if inside it.
+    pub fn outbox_range(&self, at: usize, bytes: usize) -> Option<*mut u8> {
+        self.range(self.offsets()[3], at, bytes)
+    }
+}
+
+/// Where in rank `me`'s outbox a plan's copy to `offset` of peer `peer`'s scratch goes, for
+/// slots of `slot` bytes: the same slot, indexed by destination (`(peer * 2 + k % 2) * slot`
+/// rather than the plan's `(me * 2 + k % 2) * slot`).
+///
+/// ```
+/// use ringccl::internals::transport::net::outbox_offset;
+/// // Rank 1 sends to rank 3; its region in rank 3's scratch starts at 2 slots.
+/// assert_eq!(outbox_offset(1, 3, 256, 2 * 256 + 300), Some(6 * 256 + 300));
+/// ```
+pub fn outbox_offset(me: usize, peer: usize, slot: usize, offset: usize) -> Option<usize> {
+    let region = me.checked_mul(2)?.checked_mul(slot)?;
+    let within = offset.checked_sub(region)?;
+    if within >= 2 * slot {
+        return None;
+    }
+    peer.checked_mul(2)?.checked_mul(slot)?.checked_add(within)
+}
+
+/// The signals rank `me`'s stream posts to network peers while running `plan`, in order, for
+/// the proxy: each `Signal` of the plan becomes an [`Outgoing`] with counter `base[peer] + k`,
+/// carrying the chunk the plan copied into that peer's scratch since its previous signal to
+/// it. `net(q)` says which peers are network peers (the others are left out).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{plan, Dir, P2pOp};
+/// use ringccl::internals::transport::net::program;
+/// // Rank 0 sends 300 bytes to rank 1 in slots of 256: two chunks.
+/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 300 }], 256)?;
+/// let out = program(&p, 0, &[0, 10], |q| q == 1)?;
+/// assert_eq!(out.len(), 2);
+/// assert_eq!(out[1].k, 12);
+/// assert_eq!(out[1].data.map(|c| (c.from, c.to, c.bytes)), Some((3 * 256, 256, 44)));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn program(
+    plan: &P2pPlan,
+    me: usize,
+    base: &[u64],
+    net: impl Fn(usize) -> bool,
+) -> Result<Vec<Outgoing>> {
+    let bad = |reason: String| Error::Internal { reason };
+    let n = base.len();
+    // Per peer: the scratch range [lo, hi) copied since the last signal.
+    let mut pending: Vec<Option<(usize, usize)>> = vec![None; n];
+    let mut out = Vec::new();
+    for a in &plan.actions {
+        match *a {
+            Action::Copy {
+                to: Place::Scratch { rank, offset },
+                bytes,
+                ..
+            } if rank != me && rank < n && net(rank) => {
+                let end = offset
+                    .checked_add(bytes)
+                    .ok_or_else(|| bad("a chunk's range overflows".into()))?;
+                let (lo, hi) = pending[rank].unwrap_or((offset, end));
+                pending[rank] = Some((lo.min(offset), hi.max(end)));
+            }
+            Action::Signal { peer, k } if peer < n && net(peer) => {
+                let data = match pending[peer].take() {
+                    None => None,
+                    Some((lo, hi)) => Some(Chunk {
+                        from: outbox_offset(me, peer, plan.slot, lo).ok_or_else(|| {
+                            bad(format!("a chunk at {lo} of rank {peer}'s scratch is outside rank {me}'s slots"))
+                        })?,
+                        to: lo,
+                        bytes: hi - lo,
+                    }),
+                };
+                out.push(Outgoing {
+                    peer,
+                    k: base[peer] + k,
+                    data,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
