@@ -23,6 +23,7 @@
 //! Nothing here blocks the host.
 
 pub mod oneshot;
+pub mod net;
 pub mod p2p;
 pub mod process;
 pub mod ring;

@@ -21,11 +21,14 @@
 //!
 //! Every wait is bounded (a send in flight, the closing handshake, [`proxy::Proxy::wait`]); a
 //! lost peer (UCX's endpoint error handler) fails the proxy, which releases its worker, so that
-//! the failure reaches every rank; UCX's errors keep their text ([`crate::Error::Network`]).
+//! the failure reaches every rank, and sets every flag word to `u64::MAX`, so that no stream
+//! waits forever (the host then reads [`proxy::Proxy::error`]); UCX's errors keep their text
+//! ([`crate::Error::Network`]).
 //! UCX is loaded at run time ([`ucp`]); building ringccl needs none.
 // Used by the tests and the internals today; the communicator chooses it per peer next.
 #![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
+pub mod pinned;
 pub mod proxy;
 pub mod ucp;
 
@@ -39,14 +42,27 @@ use crate::{Error, Result};
 use proxy::{Chunk, Outgoing};
 
 /// A rank's memory of the network path: `nranks` flag words, `nranks` posted words, then the
-/// scratch (inbox) and the outbox, each of `scratch_bytes`.
-#[derive(Debug)]
+/// scratch (inbox) and the outbox, each of `scratch_bytes`. It owns its allocation (plain host
+/// memory, or pinned memory mapped into a device: [`pinned::pinned`]), freed with the last
+/// reference (the proxy holds one).
 pub struct NetMem {
     base: *mut u8,
     nranks: usize,
     scratch_bytes: usize,
-    /// The allocation, when this memory owns it (8-byte aligned).
-    _own: Option<Box<[AtomicU64]>>,
+    /// The device address of `base`, for memory mapped into a device.
+    device: Option<u64>,
+    /// The allocation.
+    _owner: Box<dyn Send + Sync>,
+}
+
+impl std::fmt::Debug for NetMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetMem")
+            .field("nranks", &self.nranks)
+            .field("scratch_bytes", &self.scratch_bytes)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
 }
 
 // SAFETY: the counters are atomics; the slot bytes are written and read through raw pointers
@@ -82,23 +98,37 @@ impl NetMem {
             base: own.as_ptr() as *mut u8,
             nranks,
             scratch_bytes,
-            _own: Some(own),
+            device: None,
+            _owner: Box::new(own),
         })
     }
 
-    /// Memory at `base` (e.g. pinned host memory mapped into a device), laid out as above.
+    /// Memory at `base` (e.g. pinned host memory mapped into a device at `device`), laid out as
+    /// above, kept alive by `owner` (dropped with the `NetMem`).
     ///
     /// # Safety
     /// `base` is 8-byte aligned, zeroed, and valid for reads and writes of
-    /// [`NetMem::bytes`]`(nranks, scratch_bytes)` bytes for the life of the returned value;
-    /// `scratch_bytes` is a multiple of 8.
-    pub unsafe fn from_raw(base: *mut u8, nranks: usize, scratch_bytes: usize) -> NetMem {
+    /// [`NetMem::bytes`]`(nranks, scratch_bytes)` bytes until `owner` is dropped, and is not used
+    /// otherwise; `scratch_bytes` is a multiple of 8.
+    pub unsafe fn from_raw(
+        base: *mut u8,
+        nranks: usize,
+        scratch_bytes: usize,
+        device: Option<u64>,
+        owner: Box<dyn Send + Sync>,
+    ) -> NetMem {
         NetMem {
             base,
             nranks,
             scratch_bytes,
-            _own: None,
+            device,
+            _owner: owner,
         }
+    }
+
+    /// The device address of the memory's first byte, for memory mapped into a device.
+    pub fn device_base(&self) -> Option<u64> {
+        self.device
     }
 
     /// Ranks.

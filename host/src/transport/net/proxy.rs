@@ -209,6 +209,13 @@ impl Proxy {
                 let shared = run.shared.clone();
                 if let Err(e) = run.main() {
                     shared.fail(e);
+                    // Release every stream waiting on a peer (a GPU stream cannot be
+                    // interrupted otherwise); the failure is reported to the host instead.
+                    for q in 0..run.mem.nranks() {
+                        if let Some(w) = run.mem.flag(q) {
+                            w.store(u64::MAX, Ordering::Release);
+                        }
+                    }
                 }
                 // The worker (and its endpoints) are released here, in this thread.
                 drop(run);
@@ -277,7 +284,11 @@ impl Proxy {
                 std::hint::spin_loop();
             }
         }
-        Ok(())
+        // A failed proxy releases the waits (flags at `u64::MAX`): that is its error.
+        match self.shared.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Stops the proxy after it has sent every signal posted so far and every rank has said

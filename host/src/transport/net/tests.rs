@@ -348,9 +348,17 @@ fn processes(n: usize, scenario: &str) -> Vec<(Option<i32>, String)> {
                 .expect("a child process")
         })
         .collect();
+    // The children's own waits are bounded; this bounds a child that is stuck anyway.
+    let deadline = Instant::now() + 4 * TIMEOUT;
     children
         .into_iter()
-        .map(|c| {
+        .map(|mut c| {
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+            }
             let out = c.wait_with_output().expect("the child's output");
             let text = String::from_utf8_lossy(&out.stdout).into_owned()
                 + &String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,139 @@
+//! The executor of a rank's part of a group of point-to-point transfers whose peers are reached
+//! over the network: the copies, signals and waits of a [`P2pPlan`] on the rank's stream,
+//! against the rank's [`NetMem`] in pinned, device-mapped host memory, with its
+//! [`Proxy`] carrying the signals and chunks (see [`crate::transport::net`]).
+//!
+//! A copy into a peer's scratch lands in this rank's outbox (the same slot, by destination); a
+//! signal to a peer is `cuStreamWriteValue64` on this rank's posted word for it, a wait for a
+//! peer `cuStreamWaitValue64` on this rank's flag word for it; copies out of this rank's scratch
+//! read the inbox. Before the stream can post anything, the proxy is handed the group's
+//! [`program`]. Every peer but this rank itself is a network peer here.
+
+use cudarc::driver::{sys, CudaStream};
+
+use crate::driver::ipc::MemOps;
+use crate::plan::p2p::{Action, P2pPlan, Place};
+use crate::transport::net::proxy::Proxy;
+use crate::transport::net::{outbox_offset, program, NetMem};
+use crate::{Error, Result};
+
+/// A rank's side of the network path: its proxy (over pinned memory) and the per-pair signal
+/// counters of earlier groups.
+#[derive(Debug)]
+pub struct NetRank {
+    /// This rank.
+    pub rank: usize,
+    /// The proxy, whose memory is pinned and mapped ([`NetMem::device_base`]).
+    pub proxy: Proxy,
+    /// Signals this rank has sent to each rank so far.
+    pub sent: Vec<u64>,
+    /// Signals each rank has sent to this rank so far.
+    pub received: Vec<u64>,
+    /// Set when a group failed half-issued: the counters no longer agree with the peers'.
+    pub broken: bool,
+}
+
+fn internal(reason: String) -> Error {
+    Error::Internal { reason }
+}
+
+/// Enqueues `plan` on `stream`; `bufs[i]` is the device address of the buffer of the plan's
+/// operation `i` (validated by the caller to hold the operation's bytes).
+pub fn execute(
+    net: &mut NetRank,
+    ops: &MemOps,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+) -> Result<()> {
+    let n = net.sent.len();
+    if net.broken {
+        return Err(internal(
+            "an earlier group failed half-issued; the ranks are out of step".into(),
+        ));
+    }
+    if plan.sent.len() != n || plan.received.len() != n || net.rank >= n {
+        return Err(internal(format!(
+            "rank {} of {n}: a plan for {} ranks",
+            net.rank,
+            plan.sent.len()
+        )));
+    }
+    let mem = net.proxy.mem().clone();
+    if plan.slot.saturating_mul(2).saturating_mul(n) > mem.scratch_bytes() {
+        return Err(internal(format!(
+            "slots of {} bytes for {n} ranks exceed the scratch of {} bytes",
+            plan.slot,
+            mem.scratch_bytes()
+        )));
+    }
+    let me = net.rank;
+    net.proxy.post(program(plan, me, &net.sent, |q| q != me)?)?;
+    let issued = issue(net, &mem, ops, plan, bufs, stream);
+    if issued.is_err() {
+        net.broken = true;
+        return issued;
+    }
+    for q in 0..n {
+        net.sent[q] += plan.sent[q];
+        net.received[q] += plan.received[q];
+    }
+    Ok(())
+}
+
+fn issue(
+    net: &NetRank,
+    mem: &NetMem,
+    ops: &MemOps,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = (net.rank, net.sent.len());
+    let base = mem
+        .device_base()
+        .ok_or_else(|| internal("network memory not mapped into the device".into()))?;
+    let [flags, posted, scratch, outbox] = mem.offsets().map(|o| base + o as u64);
+    let bytes_in = |at: usize, len: usize, limit: usize| at.checked_add(len).is_some_and(|e| e <= limit);
+    let addr = |p: Place, len: usize| -> Result<u64> {
+        match p {
+            Place::Op { op, offset } => bufs.get(op).map(|b| b + offset as u64),
+            Place::Scratch { rank, offset } if rank == r => {
+                bytes_in(offset, len, mem.scratch_bytes()).then(|| scratch + offset as u64)
+            }
+            Place::Scratch { rank, offset } => outbox_offset(r, rank, plan.slot, offset)
+                .filter(|&o| bytes_in(o, len, mem.scratch_bytes()))
+                .map(|o| outbox + o as u64),
+        }
+        .ok_or_else(|| internal(format!("no address for {p:?}")))
+    };
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
+    for a in &plan.actions {
+        match *a {
+            Action::Signal { peer, k } if peer < n => {
+                // SAFETY: this rank's posted word for `peer`, in the mapped memory, which the
+                // proxy (holding it) keeps alive.
+                unsafe { ops.write(stream, posted + 8 * peer as u64, net.sent[peer] + k, r) }?
+            }
+            Action::Wait { peer, k } if peer < n => {
+                // SAFETY: as above, the flag word for `peer`.
+                unsafe { ops.wait_geq(stream, flags + 8 * peer as u64, net.received[peer] + k, r) }?
+            }
+            Action::Copy { from, to, bytes } => {
+                let (src, dst) = (addr(from, bytes)?, addr(to, bytes)?);
+                // SAFETY: both ranges are inside the caller's validated buffers or this rank's
+                // mapped scratch/outbox (checked above); the plan's signals keep a slot from
+                // being written while it is still read. `cuMemcpyAsync` infers the direction
+                // (device or pinned host) from the unified addresses.
+                unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) }
+                    .result()
+                    .map_err(|e| Error::cuda("cuMemcpyAsync", Some(r), e))?;
+            }
+            _ => return Err(internal(format!("a plan action {a:?} for {n} ranks"))),
+        }
+    }
+    Ok(())
+}
