@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, DevicePtr};
 use ringccl::bootstrap::Bootstrap;
 use ringccl::internals::driver::ipc::MemOps;
-use ringccl::internals::exec::net::{execute, NetRank};
+use ringccl::internals::exec::net::execute;
 use ringccl::internals::plan::p2p::{plan, slot_bytes, Dir, P2pOp};
 use ringccl::internals::transport::net::pinned::pinned;
 use ringccl::internals::transport::net::proxy::{NetOptions, Proxy};
+use ringccl::internals::transport::net::NetRank;
 use ringccl::UniqueId;
 
 const ENV: &str = "RINGCCL_NET_GPU_CHILD";
@@ -51,13 +52,8 @@ fn net_rank() {
         ..NetOptions::default()
     };
     let proxy = Proxy::start(r, n, mem, &boot, opts).expect("a proxy");
-    let mut net = NetRank {
-        rank: r,
-        proxy,
-        sent: vec![0; n],
-        received: vec![0; n],
-        broken: false,
-    };
+    let mut net = NetRank::new(r, n, proxy);
+    let end = ctx.new_event(None).expect("an event");
     let ops = MemOps::load().expect("stream memory operations");
     let slot = slot_bytes(SCRATCH, n).expect("a slot");
     let peer = 1 - r;
@@ -87,7 +83,7 @@ fn net_rank() {
             {
                 let (s, _g1) = send.device_ptr(&stream);
                 let (d, _g2) = recv.device_ptr(&stream);
-                execute(&mut net, &ops, &p, &[s, d], &stream).expect("enqueued");
+                execute(&mut net, &ops, &p, &[s, d], &stream, &end).expect("enqueued");
             }
             stream.synchronize().expect("synchronized");
             if let Some(e) = net.proxy.error() {

@@ -9,42 +9,29 @@
 //! read the inbox. Before the stream can post anything, the proxy is handed the group's
 //! [`program`]. Every peer but this rank itself is a network peer here.
 
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
 
+use super::{record, wait};
 use crate::driver::ipc::MemOps;
 use crate::plan::p2p::{Action, P2pPlan, Place};
-use crate::transport::net::proxy::Proxy;
-use crate::transport::net::{outbox_offset, program, NetMem};
+use crate::transport::net::{outbox_offset, program, NetMem, NetRank};
 use crate::{Error, Result};
-
-/// A rank's side of the network path: its proxy (over pinned memory) and the per-pair signal
-/// counters of earlier groups.
-#[derive(Debug)]
-pub struct NetRank {
-    /// This rank.
-    pub rank: usize,
-    /// The proxy, whose memory is pinned and mapped ([`NetMem::device_base`]).
-    pub proxy: Proxy,
-    /// Signals this rank has sent to each rank so far.
-    pub sent: Vec<u64>,
-    /// Signals each rank has sent to this rank so far.
-    pub received: Vec<u64>,
-    /// Set when a group failed half-issued: the counters no longer agree with the peers'.
-    pub broken: bool,
-}
 
 fn internal(reason: String) -> Error {
     Error::Internal { reason }
 }
 
 /// Enqueues `plan` on `stream`; `bufs[i]` is the device address of the buffer of the plan's
-/// operation `i` (validated by the caller to hold the operation's bytes).
+/// operation `i` (validated by the caller to hold the operation's bytes). The group starts after
+/// `end` (this rank's previous call) and records its own end there, so that the rank's groups
+/// post their signals in order whatever streams they run on.
 pub fn execute(
     net: &mut NetRank,
     ops: &MemOps,
     plan: &P2pPlan,
     bufs: &[u64],
     stream: &CudaStream,
+    end: &CudaEvent,
 ) -> Result<()> {
     let n = net.sent.len();
     if net.broken {
@@ -69,7 +56,7 @@ pub fn execute(
     }
     let me = net.rank;
     net.proxy.post(program(plan, me, &net.sent, |q| q != me)?)?;
-    let issued = issue(net, &mem, ops, plan, bufs, stream);
+    let issued = issue(net, &mem, ops, plan, bufs, stream, end);
     if issued.is_err() {
         net.broken = true;
         return issued;
@@ -88,6 +75,7 @@ fn issue(
     plan: &P2pPlan,
     bufs: &[u64],
     stream: &CudaStream,
+    end: &CudaEvent,
 ) -> Result<()> {
     let (r, n) = (net.rank, net.sent.len());
     let base = mem
@@ -111,6 +99,7 @@ fn issue(
         .context()
         .bind_to_thread()
         .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
+    wait(stream, end, r)?;
     for a in &plan.actions {
         match *a {
             Action::Signal { peer, k } if peer < n => {
@@ -135,5 +124,5 @@ fn issue(
             _ => return Err(internal(format!("a plan action {a:?} for {n} ranks"))),
         }
     }
-    Ok(())
+    record(end, stream, r)
 }

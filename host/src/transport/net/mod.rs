@@ -39,7 +39,36 @@ use std::sync::atomic::AtomicU64;
 
 use crate::plan::p2p::{Action, P2pPlan, Place};
 use crate::{Error, Result};
-use proxy::{Chunk, Outgoing};
+use proxy::{Chunk, Outgoing, Proxy};
+
+/// A rank's side of the network path: its proxy (over its [`NetMem`]) and the per-pair signal
+/// counters of its earlier groups.
+#[derive(Debug)]
+pub struct NetRank {
+    /// This rank.
+    pub rank: usize,
+    /// The proxy, with the rank's memory ([`Proxy::mem`]).
+    pub proxy: Proxy,
+    /// Signals this rank has sent to each rank so far.
+    pub sent: Vec<u64>,
+    /// Signals each rank has sent to this rank so far.
+    pub received: Vec<u64>,
+    /// Set when a group failed half-issued: the counters no longer agree with the peers'.
+    pub broken: bool,
+}
+
+impl NetRank {
+    /// Rank `rank` of `nranks` with `proxy`, before its first group.
+    pub fn new(rank: usize, nranks: usize, proxy: Proxy) -> NetRank {
+        NetRank {
+            rank,
+            proxy,
+            sent: vec![0; nranks],
+            received: vec![0; nranks],
+            broken: false,
+        }
+    }
+}
 
 /// A rank's memory of the network path: `nranks` flag words, `nranks` posted words, then the
 /// scratch (inbox) and the outbox, each of `scratch_bytes`. It owns its allocation (plain host

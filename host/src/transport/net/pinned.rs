@@ -77,3 +77,35 @@ pub fn pinned(
         NetMem::from_raw(host as *mut u8, nranks, scratch_bytes, Some(device), Box::new(owner))
     })
 }
+
+/// Bytes of a rank's network scratch (and outbox): two slots per peer.
+pub const NET_SCRATCH_BYTES: usize = 4 << 20;
+
+impl super::NetRank {
+    /// Rank `rank` of `nranks` on `ctx`'s device: pinned, device-mapped memory of
+    /// [`NET_SCRATCH_BYTES`] and a proxy connected to every other rank through `exchange`
+    /// (collective), whose sends and closing wait at most `timeout`.
+    ///
+    /// ```no_run
+    /// # fn run(boot: &ringccl::bootstrap::Bootstrap) -> Result<(), ringccl::Error> {
+    /// use ringccl::internals::transport::net::NetRank;
+    /// let ctx = ringccl::cudarc::driver::CudaContext::new(0).expect("a GPU");
+    /// let net = NetRank::connect(&ctx, boot.rank(), boot.nranks(), boot, boot.timeout())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect(
+        ctx: &Arc<CudaContext>,
+        rank: usize,
+        nranks: usize,
+        exchange: &dyn crate::transport::ipc::Exchange,
+        timeout: std::time::Duration,
+    ) -> Result<super::NetRank> {
+        let mem = Arc::new(pinned(ctx, nranks, NET_SCRATCH_BYTES, rank)?);
+        let opts = super::proxy::NetOptions {
+            timeout,
+            ..Default::default()
+        };
+        let proxy = super::proxy::Proxy::start(rank, nranks, mem, exchange, opts)?;
+        Ok(super::NetRank::new(rank, nranks, proxy))
+    }
+}
