@@ -14,7 +14,8 @@ use cudarc::driver::{sys, CudaEvent, CudaStream};
 use super::{record, wait};
 use crate::driver::ipc::MemOps;
 use crate::plan::p2p::{Action, P2pPlan, Place};
-use crate::transport::net::{outbox_offset, program, NetMem, NetRank};
+use crate::transport::net::proxy::{Chunk, Outgoing};
+use crate::transport::net::{outbox_offset, NetMem, NetRank};
 use crate::{Error, Result};
 
 fn internal(reason: String) -> Error {
@@ -125,4 +126,67 @@ fn issue(
         }
     }
     record(end, stream, r)
+}
+
+/// The signals rank `me`'s stream posts to network peers while running `plan`, in order, for
+/// the proxy: each `Signal` of the plan becomes an [`Outgoing`] with counter `base[peer] + k`,
+/// carrying the chunk the plan copied into that peer's scratch since its previous signal to
+/// it. `net(q)` says which peers are network peers (the others are left out).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{plan, Dir, P2pOp};
+/// use ringccl::internals::exec::net::program;
+/// // Rank 0 sends 300 bytes to rank 1 in slots of 256: two chunks.
+/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 300 }], 256)?;
+/// let out = program(&p, 0, &[0, 10], |q| q == 1)?;
+/// assert_eq!(out.len(), 2);
+/// assert_eq!(out[1].k, 12);
+/// assert_eq!(out[1].data.map(|c| (c.from, c.to, c.bytes)), Some((3 * 256, 256, 44)));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn program(
+    plan: &P2pPlan,
+    me: usize,
+    base: &[u64],
+    net: impl Fn(usize) -> bool,
+) -> Result<Vec<Outgoing>> {
+    let bad = |reason: String| Error::Internal { reason };
+    let n = base.len();
+    // Per peer: the scratch range [lo, hi) copied since the last signal.
+    let mut pending: Vec<Option<(usize, usize)>> = vec![None; n];
+    let mut out = Vec::new();
+    for a in &plan.actions {
+        match *a {
+            Action::Copy {
+                to: Place::Scratch { rank, offset },
+                bytes,
+                ..
+            } if rank != me && rank < n && net(rank) => {
+                let end = offset
+                    .checked_add(bytes)
+                    .ok_or_else(|| bad("a chunk's range overflows".into()))?;
+                let (lo, hi) = pending[rank].unwrap_or((offset, end));
+                pending[rank] = Some((lo.min(offset), hi.max(end)));
+            }
+            Action::Signal { peer, k } if peer < n && net(peer) => {
+                let data = match pending[peer].take() {
+                    None => None,
+                    Some((lo, hi)) => Some(Chunk {
+                        from: outbox_offset(me, peer, plan.slot, lo).ok_or_else(|| {
+                            bad(format!("a chunk at {lo} of rank {peer}'s scratch is outside rank {me}'s slots"))
+                        })?,
+                        to: lo,
+                        bytes: hi - lo,
+                    }),
+                };
+                out.push(Outgoing {
+                    peer,
+                    k: base[peer] + k,
+                    data,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
 }

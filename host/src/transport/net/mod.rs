@@ -12,21 +12,19 @@
 //!   the stream waits on.
 //!
 //! The stream (a GPU stream, or host code in the tests) copies a chunk into the outbox, then
-//! writes the posted word; the rank's [`proxy::Proxy`], which was handed the list of signals the
-//! stream will post ([`program`]: which counter value carries which chunk), sees the word
-//! reach a signal's value, sends one message (header + chunk) to the peer's proxy, which writes
-//! the chunk into its scratch and then raises its flag word for the sender, in order. *Ready*
-//! and *consumed* signals are messages without a chunk; they are the credits: a sender writes
-//! chunk `k + 2` into a slot only after the receiver's *consumed `k`*, as with IPC.
+//! writes the posted word; the rank's [`proxy::Proxy`], which the executor handed the list of
+//! signals the stream will post (which counter value carries which chunk), sees the word reach
+//! a signal's value and sends one message (header + chunk) to the peer's proxy, which writes the
+//! chunk into its scratch and then raises its flag word for the sender, in order. *Ready* and
+//! *consumed* signals are messages without a chunk; they are the credits: a sender writes chunk
+//! `k + 2` into a slot only after the receiver's *consumed `k`*, as with IPC.
 //!
 //! Every wait is bounded (a send in flight, the closing handshake, [`proxy::Proxy::wait`]); a
 //! lost peer (UCX's endpoint error handler) fails the proxy, which releases its worker, so that
 //! the failure reaches every rank, and sets every flag word to `u64::MAX`, so that no stream
 //! waits forever (the host then reads [`proxy::Proxy::error`]); UCX's errors keep their text
-//! ([`crate::Error::Network`]).
-//! UCX is loaded at run time ([`ucp`]); building ringccl needs none.
-// Used by the tests and the internals today; the communicator chooses it per peer next.
-#![cfg_attr(not(feature = "internals"), allow(dead_code))]
+//! ([`crate::Error::Network`]). UCX is loaded at run time ([`ucp`]); building ringccl needs
+//! none.
 
 pub mod pinned;
 pub mod proxy;
@@ -37,9 +35,8 @@ mod tests;
 
 use std::sync::atomic::AtomicU64;
 
-use crate::plan::p2p::{Action, P2pPlan, Place};
 use crate::{Error, Result};
-use proxy::{Chunk, Outgoing, Proxy};
+use proxy::Proxy;
 
 /// A rank's side of the network path: its proxy (over its [`NetMem`]) and the per-pair signal
 /// counters of its earlier groups.
@@ -116,6 +113,8 @@ impl NetMem {
     /// assert_eq!(m.scratch_bytes(), 1024);
     /// # Ok::<(), ringccl::Error>(())
     /// ```
+    // Ranks whose "stream" is host code (tests, tools) use plain memory.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn new(nranks: usize, scratch_bytes: usize) -> Result<NetMem> {
         let bytes = NetMem::bytes(nranks, scratch_bytes)
             .filter(|_| scratch_bytes.is_multiple_of(8) && nranks > 0)
@@ -225,67 +224,4 @@ pub fn outbox_offset(me: usize, peer: usize, slot: usize, offset: usize) -> Opti
         return None;
     }
     peer.checked_mul(2)?.checked_mul(slot)?.checked_add(within)
-}
-
-/// The signals rank `me`'s stream posts to network peers while running `plan`, in order, for
-/// the proxy: each `Signal` of the plan becomes an [`Outgoing`] with counter `base[peer] + k`,
-/// carrying the chunk the plan copied into that peer's scratch since its previous signal to
-/// it. `net(q)` says which peers are network peers (the others are left out).
-///
-/// ```
-/// use ringccl::internals::plan::p2p::{plan, Dir, P2pOp};
-/// use ringccl::internals::transport::net::program;
-/// // Rank 0 sends 300 bytes to rank 1 in slots of 256: two chunks.
-/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 300 }], 256)?;
-/// let out = program(&p, 0, &[0, 10], |q| q == 1)?;
-/// assert_eq!(out.len(), 2);
-/// assert_eq!(out[1].k, 12);
-/// assert_eq!(out[1].data.map(|c| (c.from, c.to, c.bytes)), Some((3 * 256, 256, 44)));
-/// # Ok::<(), ringccl::Error>(())
-/// ```
-pub fn program(
-    plan: &P2pPlan,
-    me: usize,
-    base: &[u64],
-    net: impl Fn(usize) -> bool,
-) -> Result<Vec<Outgoing>> {
-    let bad = |reason: String| Error::Internal { reason };
-    let n = base.len();
-    // Per peer: the scratch range [lo, hi) copied since the last signal.
-    let mut pending: Vec<Option<(usize, usize)>> = vec![None; n];
-    let mut out = Vec::new();
-    for a in &plan.actions {
-        match *a {
-            Action::Copy {
-                to: Place::Scratch { rank, offset },
-                bytes,
-                ..
-            } if rank != me && rank < n && net(rank) => {
-                let end = offset
-                    .checked_add(bytes)
-                    .ok_or_else(|| bad("a chunk's range overflows".into()))?;
-                let (lo, hi) = pending[rank].unwrap_or((offset, end));
-                pending[rank] = Some((lo.min(offset), hi.max(end)));
-            }
-            Action::Signal { peer, k } if peer < n && net(peer) => {
-                let data = match pending[peer].take() {
-                    None => None,
-                    Some((lo, hi)) => Some(Chunk {
-                        from: outbox_offset(me, peer, plan.slot, lo).ok_or_else(|| {
-                            bad(format!("a chunk at {lo} of rank {peer}'s scratch is outside rank {me}'s slots"))
-                        })?,
-                        to: lo,
-                        bytes: hi - lo,
-                    }),
-                };
-                out.push(Outgoing {
-                    peer,
-                    k: base[peer] + k,
-                    data,
-                });
-            }
-            _ => {}
-        }
-    }
-    Ok(out)
 }

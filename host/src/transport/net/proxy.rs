@@ -249,6 +249,7 @@ impl Proxy {
     }
 
     /// The proxy's failure, if it failed (it stops at its first failure).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn error(&self) -> Option<Error> {
         self.shared.error()
     }
@@ -256,6 +257,7 @@ impl Proxy {
     /// Waits until `peer`'s counter in this rank's memory reaches `k`, for at most `timeout`:
     /// the host-side wait of a rank whose "stream" is host code. Errors at once if the proxy
     /// failed.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn wait(&self, peer: usize, k: u64, timeout: Duration) -> Result<()> {
         let word = self
             .mem
@@ -294,6 +296,7 @@ impl Proxy {
     /// Stops the proxy after it has sent every signal posted so far and every rank has said
     /// goodbye (collective: every rank closes), within the timeout; returns the proxy's failure,
     /// if any.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn close(mut self) -> Result<()> {
         self.finish()
     }

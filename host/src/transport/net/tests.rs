@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use super::proxy::{NetOptions, Outgoing, Proxy};
 use super::ucp::{Context, Ucp, Worker};
-use super::{outbox_offset, program, NetMem};
+use super::{outbox_offset, NetMem};
+use crate::exec::net::program;
 use crate::bootstrap::Bootstrap;
 use crate::plan::p2p::{plan, slot_bytes, Action, Dir, P2pOp, P2pPlan, Place};
 use crate::transport::ipc::Exchange;

@@ -619,14 +619,6 @@ impl Worker {
         self.ucp().check("a UCX request", st)?;
         Ok(Some(info.length))
     }
-
-    /// Cancels `id` (it completes with `UCS_ERR_CANCELED` at a later progress).
-    pub fn cancel(&mut self, id: ReqId) {
-        if let Some(Some(req)) = self.reqs.get(id.0) {
-            // SAFETY: a live request of this worker.
-            unsafe { (self.ucp().fns.request_cancel)(self.h, req.h) };
-        }
-    }
 }
 
 impl Drop for Worker {
