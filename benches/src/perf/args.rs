@@ -74,7 +74,8 @@ pub struct Options {
     #[arg(default_value = "sum", value_parser = parse_ops)]
     pub ops: ::std::vec::Vec<RedOp>,
     /// all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all,
-    /// comma-separated, or all
+    /// comma-separated, or all (the six), or send_recv (a ring shift, as nccl-tests'
+    /// sendrecv_perf)
     #[arg(
         short = 't',
         long = "collective",

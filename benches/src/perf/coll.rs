@@ -15,9 +15,13 @@ pub const MEASURED: [CollectiveKind; 6] = [
     CollectiveKind::AllToAll,
 ];
 
+/// Also measured when named (not part of `-t all`): send/recv, a ring shift as nccl-tests'
+/// `sendrecv_perf`.
+pub const ALSO_MEASURED: [CollectiveKind; 1] = [CollectiveKind::SendRecv];
+
 /// Whether ringccl-perf measures `kind`.
 pub fn is_measured(kind: CollectiveKind) -> bool {
-    MEASURED.contains(&kind)
+    MEASURED.contains(&kind) || ALSO_MEASURED.contains(&kind)
 }
 
 /// Parses a collective name (any spelling [`CollectiveKind`] accepts: `all_reduce`,
@@ -27,7 +31,11 @@ pub fn parse(s: &str) -> Result<CollectiveKind, String> {
     if is_measured(kind) {
         Ok(kind)
     } else {
-        let names: Vec<&str> = MEASURED.iter().map(|k| k.name()).collect();
+        let names: Vec<&str> = MEASURED
+            .iter()
+            .chain(&ALSO_MEASURED)
+            .map(|k| k.name())
+            .collect();
         Err(format!(
             "ringccl-perf does not measure {kind} (it measures {})",
             names.join(", ")
@@ -110,7 +118,7 @@ mod tests {
                 "all_to_all"
             ]
         );
-        for k in MEASURED {
+        for k in MEASURED.into_iter().chain(ALSO_MEASURED) {
             assert_eq!(parse(k.name()), Ok(k));
         }
         assert_eq!(parse("AllReduce"), Ok(K::AllReduce));
@@ -119,7 +127,7 @@ mod tests {
         assert!(parse("gatherall")
             .unwrap_err()
             .contains("unknown collective"));
-        for k in [K::Gather, K::Scatter, K::SendRecv] {
+        for k in [K::Gather, K::Scatter] {
             let e = parse(k.name()).unwrap_err();
             assert!(
                 e.contains("does not measure") && e.contains("all_to_all"),

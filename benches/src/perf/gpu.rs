@@ -21,7 +21,7 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
 };
-use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, LaunchEnv, RedOp};
+use ringccl::{CollectiveKind, Communicator, DataType, DeviceSlice, Io, LaunchEnv, PeerOp, RedOp};
 
 use super::args::{self, nccl_dtype_name, Libs, Options};
 use super::coll::{self, Shape};
@@ -937,6 +937,9 @@ impl Bench<'_> {
                         .iter_mut()
                         .map(|b| b.slice_mut(0..shape.recv))
                         .collect();
+                    if kind == CollectiveKind::SendRecv {
+                        return self.ringccl_send_recv(&send, &mut recv, shape.count, &streams);
+                    }
                     let mut io: Vec<Io<'_, T>> = send
                         .iter()
                         .zip(recv.iter_mut())
@@ -1014,6 +1017,26 @@ impl Bench<'_> {
         .map_err(|e| e.to_string())
     }
 
+    /// send/recv as nccl-tests' `sendrecv_perf`: every rank sends `count` elements to the next
+    /// rank and receives as many from the previous one, in one group (`peer_ops`).
+    fn ringccl_send_recv<T: PerfElem>(
+        &self,
+        send: &[CudaView<'_, T>],
+        recv: &mut [CudaViewMut<'_, T>],
+        count: usize,
+        streams: &[&Arc<CudaStream>],
+    ) -> Result<(), String> {
+        let n = self.comm.nranks();
+        let mut ops = Vec::with_capacity(2 * self.local.len());
+        for ((s, d), &r) in send.iter().zip(recv.iter_mut()).zip(&self.local) {
+            ops.push(PeerOp::send(r, (r + 1) % n, s, count));
+            ops.push(PeerOp::recv(r, (r + n - 1) % n, d, count));
+        }
+        self.comm
+            .peer_ops(&mut ops, streams)
+            .map_err(|e| e.to_string())
+    }
+
     /// Waits for the call, reads every output back and counts the wrong elements.
     fn verify<T: PerfElem>(
         &self,
@@ -1025,7 +1048,7 @@ impl Bench<'_> {
     ) -> Result<usize, String> {
         use CollectiveKind as K;
         self.sync()?;
-        let (root, count) = (self.opts.root, shape.count);
+        let (root, count, nranks) = (self.opts.root, shape.count, self.comm.nranks());
         let Expect { pat, table, tol } = *expect;
         let period = table.len().max(1);
         std::thread::scope(|sc| -> Result<usize, String> {
@@ -1055,8 +1078,9 @@ impl Bench<'_> {
                         K::AllGather => pat.value(j / count, j % count),
                         K::Broadcast => pat.value(root, j),
                         K::AllToAll => pat.value(j / count, r * count + j % count),
+                        K::SendRecv => pat.value((r + nranks - 1) % nranks, j),
                         // Not measured: `sweep` refuses them before any launch.
-                        K::Gather | K::Scatter | K::SendRecv => f64::NAN,
+                        K::Gather | K::Scatter => f64::NAN,
                     })
                 }));
             }

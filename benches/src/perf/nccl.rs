@@ -133,7 +133,7 @@ impl Nccl {
                 first_err = Some(format!("rank {r}: no buffers or stream given"));
                 break;
             };
-            if let Err(e) = self.one(kind, shape, dtype, elt, op, root, sp, rp, comm, st) {
+            if let Err(e) = self.one(kind, shape, dtype, elt, op, (root, r), sp, rp, comm, st) {
                 first_err = Some(format!("rank {r}: {e}"));
                 break;
             }
@@ -153,7 +153,7 @@ impl Nccl {
         dtype: sys::ncclDataType_t,
         elt: usize,
         op: RedOp,
-        root: usize,
+        (root, me): (usize, usize),
         send: u64,
         recv: u64,
         comm: sys::ncclComm_t,
@@ -182,8 +182,15 @@ impl Nccl {
                 K::AllGather => result::all_gather(sp, rp, c, dtype, comm, s),
                 K::Broadcast => result::broadcast(sp, rp, c, dtype, root, comm, s),
                 K::Reduce => result::reduce(sp, rp, c, dtype, red, root, comm, s),
-                K::Gather | K::Scatter | K::SendRecv => {
+                K::Gather | K::Scatter => {
                     return Err(format!("ringccl-perf does not measure {kind} with NCCL"));
+                }
+                K::SendRecv => {
+                    // As nccl-tests' sendrecv_perf: to the next rank, from the previous one.
+                    let n = self.nranks;
+                    result::send(sp, c, dtype, ((me + 1) % n) as i32, comm, s).and_then(|_| {
+                        result::recv(rp, c, dtype, ((me + n - 1) % n) as i32, comm, s)
+                    })
                 }
                 K::AllToAll => {
                     // As nccl-tests: one send and one receive per peer, in the group.
