@@ -199,6 +199,16 @@ impl Communicator {
                  eagerly",
             ));
         }
+        if let Some(q) = p.lock().windows.remote_peer() {
+            return Err(crate::Error::Network {
+                rank: Some(p.rank),
+                peer: Some(q),
+                reason: format!(
+                    "rank {q} runs on another machine: collectives between machines do not run \
+                     yet; only point-to-point groups (peer_ops) reach it, over RINGCCL_NET=ucx"
+                ),
+            });
+        }
         // 2. Plan.
         let n = p.nranks;
         let config = self.config();
