@@ -14,8 +14,9 @@
 //! The stream (a GPU stream, or host code in the tests) copies a chunk into the outbox, then
 //! writes the posted word; the rank's [`proxy::Proxy`], which the executor handed the list of
 //! signals the stream will post (which counter value carries which chunk), sees the word reach
-//! a signal's value and sends one message (header + chunk) to the peer's proxy, which writes the
-//! chunk into its scratch and then raises its flag word for the sender, in order. *Ready* and
+//! a signal's value and sends a header and the chunk (straight from the outbox) to the peer's
+//! proxy, which receives the chunk straight into its scratch and then raises its flag word for
+//! the sender, in order. *Ready* and
 //! *consumed* signals are messages without a chunk; they are the credits: a sender writes chunk
 //! `k + 2` into a slot only after the receiver's *consumed `k`*, as with IPC.
 //!

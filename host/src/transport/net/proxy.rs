@@ -14,10 +14,18 @@ use super::NetMem;
 use crate::transport::ipc::Exchange;
 use crate::{Error, Result};
 
-/// The tag of every message (one worker per communicator, so one tag suffices).
-const TAG: u64 = 0x7269_6e67_6363_6c31;
+/// The tag of every header (one worker per communicator, so one tag suffices).
+const TAG_HEADER: u64 = 0x1 << 60;
+/// The tag of a chunk: this kind, the source rank (20 bits) and the low 40 bits of its signal
+/// counter, so that each chunk matches the receive posted for it whatever the order in which
+/// its header was handled.
+const TAG_CHUNK: u64 = 0x2 << 60;
 /// Bytes of a message's header.
 pub const HEADER_BYTES: usize = 40;
+
+fn chunk_tag(src: usize, k: u64) -> u64 {
+    TAG_CHUNK | ((src as u64 & 0xf_ffff) << 40) | (k & 0xff_ffff_ffff)
+}
 const MAGIC: u32 = 0x5443_4e52;
 const KIND_SIGNAL: u32 = 1;
 const KIND_BYE: u32 = 2;
@@ -325,7 +333,8 @@ impl Drop for Proxy {
     }
 }
 
-/// A message in flight, with the buffer UCX reads from.
+/// A message in flight, with the buffer UCX reads from (empty for a chunk sent from the
+/// outbox).
 struct InFlight {
     req: ReqId,
     peer: usize,
@@ -333,11 +342,20 @@ struct InFlight {
     _buf: Vec<u8>,
 }
 
-/// The proxy thread's state.
+/// A chunk being received into the scratch: from `src`, for signal `k`.
+struct Incoming {
+    req: ReqId,
+    src: usize,
+    k: u64,
+    bytes: usize,
+}
+
+/// The proxy thread's state. `worker` comes first: it is dropped (cancelling and releasing its
+/// requests) before the buffers they use.
 struct Run {
+    worker: Worker,
     rank: usize,
     mem: Arc<NetMem>,
-    worker: Worker,
     eps: Vec<Option<EpId>>,
     rx: Receiver<Vec<Outgoing>>,
     shared: Arc<Shared>,
@@ -345,12 +363,16 @@ struct Run {
     queues: Vec<VecDeque<Outgoing>>,
     /// Last counter value sent to each peer.
     sent: Vec<u64>,
-    /// Counter values arrived from each peer above the published one.
+    /// Signals from each peer above the published one whose header has arrived.
+    seen: Vec<BTreeSet<u64>>,
+    /// Of those, the ones complete (their chunk, if any, is in the scratch).
     arrived: Vec<BTreeSet<u64>>,
     bye: Vec<bool>,
     sends: Vec<InFlight>,
-    /// Receive buffers and the request each is posted with.
+    /// Header receive buffers and the request each is posted with.
     recvs: Vec<(Vec<u8>, Option<ReqId>)>,
+    /// Chunks being received.
+    incoming: Vec<Incoming>,
     /// No more programs will come.
     closed: bool,
     bye_sent: bool,
@@ -367,21 +389,22 @@ impl Run {
         timeout: Duration,
     ) -> Run {
         let n = eps.len();
-        let max = HEADER_BYTES + mem.scratch_bytes();
         Run {
+            worker,
             rank,
             mem,
-            worker,
             eps,
             rx,
             shared,
             timeout,
             queues: vec![VecDeque::new(); n],
             sent: vec![0; n],
+            seen: vec![BTreeSet::new(); n],
             arrived: vec![BTreeSet::new(); n],
             bye: vec![false; n],
             sends: Vec::new(),
-            recvs: (0..POSTED_RECVS).map(|_| (vec![0u8; max], None)).collect(),
+            recvs: (0..POSTED_RECVS).map(|_| (vec![0u8; HEADER_BYTES], None)).collect(),
+            incoming: Vec::new(),
             closed: false,
             bye_sent: false,
         }
@@ -403,6 +426,7 @@ impl Run {
             busy |= self.worker.progress();
             busy |= self.poll_sends()?;
             busy |= self.poll_recvs()?;
+            busy |= self.poll_incoming()?;
             self.check_endpoints()?;
             if self.closed || self.shared.stop.load(Ordering::Acquire) {
                 self.closed = true;
@@ -412,7 +436,7 @@ impl Run {
                     self.send_bye()?;
                 }
                 let everyone = (0..self.eps.len()).all(|q| q == self.rank || self.bye[q]);
-                if drained && self.sends.is_empty() && everyone {
+                if drained && self.sends.is_empty() && self.incoming.is_empty() && everyone {
                     return Ok(());
                 }
                 if start.elapsed() > self.timeout {
@@ -506,17 +530,20 @@ impl Run {
                 }
                 self.queues[q].pop_front();
                 let (to, bytes) = o.data.map_or((0, 0), |c| (c.to, c.bytes));
-                let mut buf = header(KIND_SIGNAL, self.rank, o.k, to, bytes);
-                if let Some(c) = o.data {
-                    let src = self.mem.outbox_range(c.from, c.bytes).ok_or_else(|| Error::Internal {
+                self.send(q, header(KIND_SIGNAL, self.rank, o.k, to, bytes))?;
+                if let Some(c) = o.data.filter(|c| c.bytes > 0) {
+                    let src = mem.outbox_range(c.from, c.bytes).ok_or_else(|| Error::Internal {
                         reason: format!("outbox range {}+{} of a network chunk", c.from, c.bytes),
                     })?;
-                    // SAFETY: in bounds (checked); the stream wrote these bytes before posting
-                    // the counter read above (acquire), and does not rewrite them before the
-                    // peer has consumed the chunk, which needs this message.
-                    buf.extend_from_slice(unsafe { std::slice::from_raw_parts(src, c.bytes) });
+                    // SAFETY: in bounds (checked), inside `mem`, which outlives the worker (an
+                    // `Arc` held by this `Run` and by the `Proxy`, which joins this thread
+                    // first). The stream wrote these bytes before posting the counter read above
+                    // (acquire) and rewrites them only after the peer has consumed the chunk,
+                    // that is, after this send has delivered them.
+                    let started = unsafe { self.worker.send(self.ep(q)?, src, c.bytes, chunk_tag(self.rank, o.k)) }
+                        .map_err(|e| located(e, self.rank, Some(q)))?;
+                    self.track(q, started, Vec::new());
                 }
-                self.send(q, buf)?;
                 self.sent[q] = o.k;
                 any = true;
             }
@@ -524,13 +551,27 @@ impl Run {
         Ok(any)
     }
 
+    fn ep(&self, q: usize) -> Result<EpId> {
+        self.eps
+            .get(q)
+            .copied()
+            .flatten()
+            .ok_or_else(|| self.err(Some(q), "no endpoint".into()))
+    }
+
+    /// Sends a header.
     fn send(&mut self, q: usize, buf: Vec<u8>) -> Result<()> {
-        let ep = self.eps[q].ok_or_else(|| self.err(Some(q), "no endpoint".into()))?;
+        let ep = self.ep(q)?;
         // SAFETY: `buf` (a heap block that does not move with the `Vec`) lives in `self.sends`
         // until the request completes; `Run` drops `worker` (which cancels and releases its
         // requests) before `sends` (field order).
-        let started = unsafe { self.worker.send(ep, buf.as_ptr(), buf.len(), TAG) }
+        let started = unsafe { self.worker.send(ep, buf.as_ptr(), buf.len(), TAG_HEADER) }
             .map_err(|e| located(e, self.rank, Some(q)))?;
+        self.track(q, started, buf);
+        Ok(())
+    }
+
+    fn track(&mut self, q: usize, started: Started, buf: Vec<u8>) {
         if let Started::Pending(req) = started {
             self.sends.push(InFlight {
                 req,
@@ -539,7 +580,6 @@ impl Run {
                 _buf: buf,
             });
         }
-        Ok(())
     }
 
     fn poll_sends(&mut self) -> Result<bool> {
@@ -575,7 +615,7 @@ impl Run {
             let (ptr, len) = (self.recvs[i].0.as_mut_ptr(), self.recvs[i].0.len());
             // SAFETY: the buffer is owned by `self.recvs[i]`, never resized, and not touched
             // until the request completes; on drop the worker cancels it first.
-            let started = unsafe { self.worker.recv(ptr, len, TAG, u64::MAX) }
+            let started = unsafe { self.worker.recv(ptr, len, TAG_HEADER, u64::MAX) }
                 .map_err(|e| located(e, self.rank, None))?;
             match started {
                 Started::Pending(req) => {
@@ -627,26 +667,71 @@ impl Run {
             k => return Err(self.err(Some(q), format!("a message of kind {k}"))),
         }
         let flag = self.mem.flag(q).ok_or_else(|| self.err(Some(q), "no flag word".into()))?;
-        let published = flag.load(Ordering::Relaxed);
-        if h.k <= published || !self.arrived[q].insert(h.k) {
+        if h.k <= flag.load(Ordering::Relaxed) || !self.seen[q].insert(h.k) {
             return Err(self.err(Some(q), format!("signal {} from rank {q} twice", h.k)));
         }
-        if h.bytes > 0 {
-            let dst = self.mem.scratch_range(h.to, h.bytes).ok_or_else(|| {
-                self.err(Some(q), format!("a chunk for scratch {}+{}", h.to, h.bytes))
-            })?;
-            let body = self.recvs[i]
-                .0
-                .get(HEADER_BYTES..HEADER_BYTES + h.bytes)
-                .ok_or_else(|| self.err(Some(q), "a truncated chunk".into()))?;
-            // SAFETY: in bounds (checked); this rank's stream reads this slot only after the
-            // counter below says the chunk is there, and the peer sends a chunk into a slot only
-            // after this rank consumed the slot's previous chunk.
-            unsafe { std::ptr::copy_nonoverlapping(body.as_ptr(), dst, h.bytes) };
+        if h.bytes == 0 {
+            return self.complete(q, h.k);
         }
-        // Publish the counter in order (a later chunk can complete first).
+        let dst = self.mem.scratch_range(h.to, h.bytes).ok_or_else(|| {
+            self.err(Some(q), format!("a chunk for scratch {}+{}", h.to, h.bytes))
+        })?;
+        // SAFETY: in bounds (checked), inside `mem`, which outlives the worker (see
+        // `send_ready`); this rank's stream reads the slot only after the counter says the chunk
+        // is there, and the peer sends a chunk into a slot only after this rank consumed the
+        // slot's previous chunk.
+        let started = unsafe { self.worker.recv(dst, h.bytes, chunk_tag(q, h.k), u64::MAX) }
+            .map_err(|e| located(e, self.rank, Some(q)))?;
+        match started {
+            Started::Done => self.complete(q, h.k),
+            Started::Pending(req) => {
+                self.incoming.push(Incoming {
+                    req,
+                    src: q,
+                    k: h.k,
+                    bytes: h.bytes,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn poll_incoming(&mut self) -> Result<bool> {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let Incoming { req, src, k, bytes } = self.incoming[i];
+            match self.worker.poll(req) {
+                Ok(None) => i += 1,
+                Ok(Some(got)) => {
+                    self.incoming.swap_remove(i);
+                    if got != bytes {
+                        return Err(self.err(
+                            Some(src),
+                            format!("chunk {k} from rank {src}: {got} bytes, not {bytes}"),
+                        ));
+                    }
+                    self.complete(src, k)?;
+                    any = true;
+                }
+                Err(Error::Network { reason, .. }) => {
+                    return Err(self.err(Some(src), format!("receiving from rank {src}: {reason}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(any)
+    }
+
+    /// Signal `k` from `q` is complete: publishes `q`'s counter as far as it is contiguous
+    /// (a later signal can complete first).
+    fn complete(&mut self, q: usize, k: u64) -> Result<()> {
+        self.arrived[q].insert(k);
+        let flag = self.mem.flag(q).ok_or_else(|| self.err(Some(q), "no flag word".into()))?;
+        let published = flag.load(Ordering::Relaxed);
         let mut at = published;
         while self.arrived[q].remove(&(at + 1)) {
+            self.seen[q].remove(&(at + 1));
             at += 1;
         }
         if at > published {

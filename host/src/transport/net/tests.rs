@@ -56,7 +56,11 @@ struct Rank {
 
 impl Rank {
     fn start(me: usize, n: usize, exchange: &dyn Exchange) -> Result<Rank> {
-        let mem = Arc::new(NetMem::new(n, SCRATCH)?);
+        Rank::start_with(me, n, exchange, SCRATCH)
+    }
+
+    fn start_with(me: usize, n: usize, exchange: &dyn Exchange, scratch: usize) -> Result<Rank> {
+        let mem = Arc::new(NetMem::new(n, scratch)?);
         let proxy = Proxy::start(me, n, mem, exchange, options())?;
         Ok(Rank {
             me,
@@ -69,7 +73,8 @@ impl Rank {
 
     /// Runs one group: `ops[i]` with buffer `bufs[i]` (send data, or room for the receive).
     fn group(&mut self, ops: &[P2pOp], bufs: &mut [Vec<u8>]) -> Result<()> {
-        let slot = slot_bytes(SCRATCH, self.n).ok_or_else(|| Error::Internal {
+        let scratch = self.proxy.mem().scratch_bytes();
+        let slot = slot_bytes(scratch, self.n).ok_or_else(|| Error::Internal {
             reason: "no slot".into(),
         })?;
         let p = plan(self.me, self.n, ops, slot)?;
@@ -203,6 +208,11 @@ fn check_all_reduce(rank: &mut Rank, count: usize) -> Result<()> {
 
 /// Runs `f(rank)` on `n` threads joined through a real bootstrap over loopback.
 fn threads(n: usize, f: impl Fn(&mut Rank) -> Result<()> + Sync) {
+    threads_with(n, SCRATCH, f)
+}
+
+/// [`threads`] with `scratch` bytes of scratch per rank.
+fn threads_with(n: usize, scratch: usize, f: impl Fn(&mut Rank) -> Result<()> + Sync) {
     let id = UniqueId::new_at("127.0.0.1:0".parse().expect("an address")).expect("a rendezvous");
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
@@ -210,7 +220,7 @@ fn threads(n: usize, f: impl Fn(&mut Rank) -> Result<()> + Sync) {
                 let f = &f;
                 s.spawn(move || -> Result<()> {
                     let boot = Bootstrap::join(&id, n, r, TIMEOUT)?;
-                    let mut rank = Rank::start(r, n, &boot)?;
+                    let mut rank = Rank::start_with(r, n, &boot, scratch)?;
                     f(&mut rank)?;
                     rank.proxy.close()
                 })
@@ -246,6 +256,40 @@ fn two_threads_send_both_ways_in_many_sizes() {
             let mut bufs = vec![pattern(rank.me, mine), vec![0u8; theirs]];
             rank.group(&ops, &mut bufs)?;
             assert!(bufs[1] == pattern(peer, theirs), "rank {}: group {i} wrong", rank.me);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn megabyte_chunks_both_ways() {
+    if !have_ucx() {
+        return;
+    }
+    // The GPU path's slots: 4 MiB of scratch for 2 ranks is 1 MiB per chunk (UCX's rendezvous
+    // protocol, where small chunks go eagerly).
+    threads_with(2, 4 << 20, |rank| {
+        let peer = 1 - rank.me;
+        let bytes = (9 << 20) + 12_345;
+        let pattern = |from: usize| -> Vec<u8> {
+            (0..bytes).map(|j| (j * 31 + from * 7 + j / 65_537) as u8).collect()
+        };
+        let ops = [
+            P2pOp { dir: Dir::Send, peer, bytes },
+            P2pOp { dir: Dir::Recv, peer, bytes },
+        ];
+        for round in 0..3 {
+            let mut bufs = vec![pattern(rank.me), vec![0u8; bytes]];
+            let t = Instant::now();
+            rank.group(&ops, &mut bufs)?;
+            let s = t.elapsed().as_secs_f64();
+            assert!(bufs[1] == pattern(peer), "rank {}: round {round} wrong", rank.me);
+            eprintln!(
+                "rank {}: {bytes} B each way in {:.1} ms ({:.0} MB/s one way)",
+                rank.me,
+                s * 1e3,
+                bytes as f64 / s / 1e6
+            );
         }
         Ok(())
     });
