@@ -4,7 +4,7 @@
 #   scripts/gpu-net.sh BUNDLE
 # Needs UCX's libucp.so.0 (system libucx0, or a wheel's lib directory on LD_LIBRARY_PATH) and
 # NCCL for the side-by-side step (as scripts/gpu-run.sh finds it). Logs go to $OUT (default
-# /tmp/ringccl-out): net-<step>.log, net-sendrecv.json; a summary is printed last, and the script
+# /tmp/ringccl-out): net-<step>.log, net-sendrecv.json, net-allreduce.json; a summary is printed last, and the script
 # exits non-zero if a step failed.
 set -uo pipefail
 B=${1:?bundle dir}
@@ -41,11 +41,14 @@ step gpu-p2p 400 env "${UCX[@]}" "$B/tests/test-net" --include-ignored --nocaptu
 # 3. The multi-process suite with its peer_ops through the network (collectives over IPC).
 step multi-process 600 env RINGCCL_NET=ucx "${UCX[@]}" "$B/tests/test-multi_process" \
   --include-ignored --nocapture --test-threads=1 every_collective_across_processes
-# 4. Side by side: ringccl's ring shift through UCX, NCCL's through its socket transport, in the
-#    same two processes.
+# 4. Side by side: ringccl's ring shift and all-reduce through UCX, NCCL's through its socket
+#    transport, in the same two processes.
 step sendrecv 600 env RINGCCL_NET=ucx "${UCX[@]}" "${NCCL_SOCKETS[@]}" "$B/bin/bin-ringccl-run" -n 2 \
   "$B/bin/bin-ringccl-perf" --procs 2 -t send_recv -d float -b 1K -e 256M -f 4 -n 10 -w 3 \
   --no-progress --json "$OUT/net-sendrecv.json"
+step allreduce 600 env RINGCCL_NET=ucx "${UCX[@]}" "${NCCL_SOCKETS[@]}" "$B/bin/bin-ringccl-run" -n 2 \
+  "$B/bin/bin-ringccl-perf" --procs 2 -t all_reduce -d float -b 1K -e 256M -f 4 -n 10 -w 3 \
+  --no-progress --json "$OUT/net-allreduce.json"
 echo
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"

@@ -12,7 +12,7 @@
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
 //! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
-//! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups of a job of processes (`peer_ops`) go through the network transport (UCX, loaded at run time), even between processes of one machine |
+//! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups (`peer_ops`) and all-reduces of a job of processes go through the network transport (UCX, loaded at run time), even between processes of one machine |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -75,8 +75,8 @@ pub enum Network {
     /// Never: peers are reached with CUDA IPC (processes of one machine).
     #[default]
     Off,
-    /// UCX carries the point-to-point groups (`peer_ops`) between processes, even on one
-    /// machine (UCX's own variables, e.g. `UCX_TLS`, `UCX_NET_DEVICES`, pick the wire).
+    /// UCX carries the point-to-point groups (`peer_ops`) and all-reduces between processes,
+    /// even on one machine (UCX's own variables, e.g. `UCX_TLS`, `UCX_NET_DEVICES`, pick the wire).
     Ucx,
 }
 

@@ -10,10 +10,14 @@
 //! [`program`]. Every peer but this rank itself is a network peer here.
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
+use gpu_kernels::op::RedOp;
 
 use super::{record, wait};
 use crate::driver::ipc::MemOps;
-use crate::plan::p2p::{Action, P2pPlan, Place};
+use crate::driver::launch::Prim;
+use crate::driver::Kernels;
+use crate::dtype::DataType;
+use crate::plan::p2p::{self, Action, Dir, P2pOp, P2pPlan, Place};
 use crate::transport::net::proxy::{Chunk, Outgoing};
 use crate::transport::net::{outbox_offset, NetMem, NetRank};
 use crate::{Error, Result};
@@ -34,18 +38,56 @@ pub fn execute(
     stream: &CudaStream,
     end: &CudaEvent,
 ) -> Result<()> {
-    let n = net.sent.len();
+    begin(net, stream, end)?;
+    group(net, ops, plan, bufs, stream, None)?;
+    record(end, stream, net.rank)
+}
+
+/// How a receive combines with what the buffer holds: `dst = a ⊕ dst` with the kernels, instead
+/// of a copy.
+#[derive(Clone, Copy)]
+struct Combine<'a> {
+    kernels: &'a Kernels,
+    cap: u32,
+    dtype: DataType,
+    op: RedOp,
+    postdiv: u32,
+}
+
+fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
     if net.broken {
         return Err(internal(
-            "an earlier group failed half-issued; the ranks are out of step".into(),
+            "an earlier call failed half-issued; the ranks are out of step: destroy the \
+             communicator"
+                .into(),
         ));
     }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(net.rank), e))?;
+    wait(stream, end, net.rank)
+}
+
+/// One group: hands the proxy its program, enqueues it, counts its signals.
+fn group(
+    net: &mut NetRank,
+    ops: &MemOps,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+    combine: Option<Combine<'_>>,
+) -> Result<()> {
+    let n = net.sent.len();
     if plan.sent.len() != n || plan.received.len() != n || net.rank >= n {
         return Err(internal(format!(
             "rank {} of {n}: a plan for {} ranks",
             net.rank,
             plan.sent.len()
         )));
+    }
+    if plan.actions.is_empty() {
+        return Ok(());
     }
     let mem = net.proxy.mem().clone();
     if plan.slot.saturating_mul(2).saturating_mul(n) > mem.scratch_bytes() {
@@ -57,8 +99,10 @@ pub fn execute(
     }
     let me = net.rank;
     net.proxy.post(program(plan, me, &net.sent, |q| q != me)?)?;
-    let issued = issue(net, &mem, ops, plan, bufs, stream, end);
+    let issued = issue(net, &mem, ops, plan, bufs, stream, combine);
     if issued.is_err() {
+        // Signals already enqueued cannot be taken back: the peers' counters and ours no
+        // longer agree.
         net.broken = true;
         return issued;
     }
@@ -69,6 +113,67 @@ pub fn execute(
     Ok(())
 }
 
+/// A ring all-reduce of `count` elements of `dtype` over the network: `send` (equal to `recv`
+/// in place) is copied into `recv` unless in place, then n − 1 groups of reduce-scatter (send
+/// a chunk of `recv` to the next rank; the previous rank's chunk, read from the inbox, is
+/// combined into `recv` by a reduce kernel) and n − 1 of all-gather (plain receives), each a
+/// point-to-point plan of the network path. Chunk `c` of `recv` is elements
+/// `c·count/n .. (c+1)·count/n`; avg divides in the last reduction of each chunk.
+///
+/// Ordered after `end` and recorded there, like [`execute`]. The caller validated the buffers
+/// (`count` elements each, on this rank's device).
+#[allow(clippy::too_many_arguments)]
+pub fn all_reduce(
+    net: &mut NetRank,
+    ops: &MemOps,
+    kernels: &Kernels,
+    cap: u32,
+    (dtype, op): (DataType, RedOp),
+    (send, recv): (u64, u64),
+    count: usize,
+    stream: &CudaStream,
+    end: &CudaEvent,
+) -> Result<()> {
+    let (r, n, size) = (net.rank, net.sent.len(), dtype.size());
+    begin(net, stream, end)?;
+    if send != recv && count > 0 {
+        // SAFETY: both are `count` elements of this rank's validated buffers, disjoint (an
+        // out-of-place call).
+        unsafe { sys::cuMemcpyAsync(recv, send, count * size, stream.cu_stream()) }
+            .result()
+            .map_err(|e| Error::cuda("cuMemcpyAsync", Some(r), e))?;
+    }
+    let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n)
+        .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
+    let chunk = |c: usize| (c * count / n, (c + 1) * count / n - c * count / n);
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    for phase in 0..2 {
+        for s in 0..n.saturating_sub(1) {
+            let (send_c, recv_c) = if phase == 0 {
+                ((r + n - s) % n, (r + 2 * n - s - 1) % n)
+            } else {
+                ((r + 1 + n - s) % n, (r + n - s) % n)
+            };
+            let ((so, sl), (ro, rl)) = (chunk(send_c), chunk(recv_c));
+            let group_ops = [
+                P2pOp { dir: Dir::Send, peer: next, bytes: sl * size },
+                P2pOp { dir: Dir::Recv, peer: prev, bytes: rl * size },
+            ];
+            let plan = p2p::plan(r, n, &group_ops, slot)?;
+            let bufs = [recv + (so * size) as u64, recv + (ro * size) as u64];
+            let combine = (phase == 0).then_some(Combine {
+                kernels,
+                cap,
+                dtype,
+                op,
+                postdiv: if op == RedOp::Avg && s + 2 == n { n as u32 } else { 1 },
+            });
+            group(net, ops, &plan, &bufs, stream, combine)?;
+        }
+    }
+    record(end, stream, r)
+}
+
 fn issue(
     net: &NetRank,
     mem: &NetMem,
@@ -76,7 +181,7 @@ fn issue(
     plan: &P2pPlan,
     bufs: &[u64],
     stream: &CudaStream,
-    end: &CudaEvent,
+    combine: Option<Combine<'_>>,
 ) -> Result<()> {
     let (r, n) = (net.rank, net.sent.len());
     let base = mem
@@ -96,11 +201,6 @@ fn issue(
         }
         .ok_or_else(|| internal(format!("no address for {p:?}")))
     };
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
-    wait(stream, end, r)?;
     for a in &plan.actions {
         match *a {
             Action::Signal { peer, k } if peer < n => {
@@ -111,6 +211,30 @@ fn issue(
             Action::Wait { peer, k } if peer < n => {
                 // SAFETY: as above, the flag word for `peer`.
                 unsafe { ops.wait_geq(stream, flags + 8 * peer as u64, net.received[peer] + k, r) }?
+            }
+            Action::Copy {
+                from: from @ Place::Scratch { .. },
+                to: to @ Place::Op { .. },
+                bytes,
+            } if combine.is_some() => {
+                let (src, dst) = (addr(from, bytes)?, addr(to, bytes)?);
+                if let Some(c) = combine {
+                    let size = c.dtype.size();
+                    if bytes % size != 0 {
+                        return Err(internal(format!("a chunk of {bytes} bytes of {size}-byte elements")));
+                    }
+                    let prim = Prim::ReduceCopy {
+                        a: src,
+                        b: dst,
+                        dst0: dst,
+                        dst1: None,
+                        postdiv: c.postdiv,
+                    };
+                    // SAFETY: `src` is inside this rank's mapped inbox and `dst` inside the
+                    // caller's validated buffer (checked above), `bytes / size` elements each;
+                    // the destination equals the second source exactly.
+                    unsafe { c.kernels.launch_prim(stream, c.dtype, c.op, prim, bytes / size, c.cap)? };
+                }
             }
             Action::Copy { from, to, bytes } => {
                 let (src, dst) = (addr(from, bytes)?, addr(to, bytes)?);
@@ -125,7 +249,7 @@ fn issue(
             _ => return Err(internal(format!("a plan action {a:?} for {n} ranks"))),
         }
     }
-    record(end, stream, r)
+    Ok(())
 }
 
 /// The signals rank `me`'s stream posts to network peers while running `plan`, in order, for

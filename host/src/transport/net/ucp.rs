@@ -34,6 +34,7 @@ const UCP_API_MAJOR: c_uint = 1;
 const UCP_API_MINOR: c_uint = 13;
 
 const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
+const UCP_PARAM_FIELD_MT_WORKERS_SHARED: u64 = 1 << 5;
 const UCP_PARAM_FIELD_NAME: u64 = 1 << 8;
 const UCP_FEATURE_TAG: u64 = 1 << 0;
 const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
@@ -302,11 +303,10 @@ pub struct Context {
     h: Handle,
 }
 
-// SAFETY: a UCP context is not tied to the thread that created it; this crate creates workers
-// from it one at a time (`Worker::new` takes `&Arc<Context>` and UCX serialises context
-// access internally for worker creation with `mt_workers_shared` left at 0 per worker).
+// SAFETY: a UCP context is not tied to the thread that created it.
 unsafe impl Send for Context {}
-// SAFETY: the only shared-reference use is creating workers, which UCX allows from any thread.
+// SAFETY: the only shared-reference use is creating workers, which may run concurrently: the
+// context is created with `mt_workers_shared = 1`, so UCX locks the context's shared state.
 unsafe impl Sync for Context {}
 
 impl std::fmt::Debug for Context {
@@ -346,13 +346,15 @@ impl Context {
             }
         }
         let params = UcpParams {
-            field_mask: UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+            field_mask: UCP_PARAM_FIELD_FEATURES
+                | UCP_PARAM_FIELD_MT_WORKERS_SHARED
+                | UCP_PARAM_FIELD_NAME,
             features: UCP_FEATURE_TAG,
             request_size: 0,
             request_init: std::ptr::null(),
             request_cleanup: std::ptr::null(),
             tag_sender_mask: 0,
-            mt_workers_shared: 0,
+            mt_workers_shared: 1,
             estimated_num_eps: 0,
             estimated_num_ppn: 0,
             name: c"ringccl".as_ptr(),
