@@ -113,6 +113,59 @@ fn group(
     Ok(())
 }
 
+/// One group of the network ring all-reduce of rank `r` ([`ring_groups`]): send elements
+/// `send.0 .. send.0 + send.1` of the output to the next rank, receive `recv` likewise from the
+/// previous one, combined into the output (`reduce`) or copied; `last`: the chunk's final
+/// reduction (where avg divides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingGroup {
+    /// Combine the received elements with the output's (reduce-scatter) or copy them
+    /// (all-gather).
+    pub reduce: bool,
+    /// The final reduction of the received chunk.
+    pub last: bool,
+    /// (first element, elements) sent.
+    pub send: (usize, usize),
+    /// (first element, elements) received.
+    pub recv: (usize, usize),
+}
+
+/// The groups of rank `r` of `n` in a ring all-reduce of `count` elements, in order: n − 1 of
+/// reduce-scatter, then n − 1 of all-gather. Chunk `c` is elements `c·count/n .. (c+1)·count/n`;
+/// at reduce-scatter step `s` rank `r` sends chunk `r − s` and receives chunk `r − s − 1`; at
+/// all-gather step `s` it sends chunk `r + 1 − s` and receives chunk `r − s` (mod n).
+///
+/// ```
+/// use ringccl::internals::exec::net::ring_groups;
+/// let g = ring_groups(0, 2, 10);
+/// assert_eq!(g.len(), 2);
+/// assert_eq!((g[0].send, g[0].recv, g[0].reduce, g[0].last), ((0, 5), (5, 5), true, true));
+/// assert_eq!((g[1].send, g[1].recv, g[1].reduce), ((5, 5), (0, 5), false));
+/// ```
+pub fn ring_groups(r: usize, n: usize, count: usize) -> Vec<RingGroup> {
+    let chunk = |c: usize| (c * count / n, (c + 1) * count / n - c * count / n);
+    let mut out = Vec::new();
+    if n < 2 || r >= n {
+        return out;
+    }
+    for phase in 0..2 {
+        for s in 0..n - 1 {
+            let (send_c, recv_c) = if phase == 0 {
+                ((r + n - s) % n, (r + 2 * n - s - 1) % n)
+            } else {
+                ((r + 1 + n - s) % n, (r + n - s) % n)
+            };
+            out.push(RingGroup {
+                reduce: phase == 0,
+                last: phase == 0 && s + 2 == n,
+                send: chunk(send_c),
+                recv: chunk(recv_c),
+            });
+        }
+    }
+    out
+}
+
 /// A ring all-reduce of `count` elements of `dtype` over the network: `send` (equal to `recv`
 /// in place) is copied into `recv` unless in place, then n − 1 groups of reduce-scatter (send
 /// a chunk of `recv` to the next rank; the previous rank's chunk, read from the inbox, is
@@ -145,31 +198,23 @@ pub fn all_reduce(
     }
     let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n)
         .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
-    let chunk = |c: usize| (c * count / n, (c + 1) * count / n - c * count / n);
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-    for phase in 0..2 {
-        for s in 0..n.saturating_sub(1) {
-            let (send_c, recv_c) = if phase == 0 {
-                ((r + n - s) % n, (r + 2 * n - s - 1) % n)
-            } else {
-                ((r + 1 + n - s) % n, (r + n - s) % n)
-            };
-            let ((so, sl), (ro, rl)) = (chunk(send_c), chunk(recv_c));
-            let group_ops = [
-                P2pOp { dir: Dir::Send, peer: next, bytes: sl * size },
-                P2pOp { dir: Dir::Recv, peer: prev, bytes: rl * size },
-            ];
-            let plan = p2p::plan(r, n, &group_ops, slot)?;
-            let bufs = [recv + (so * size) as u64, recv + (ro * size) as u64];
-            let combine = (phase == 0).then_some(Combine {
-                kernels,
-                cap,
-                dtype,
-                op,
-                postdiv: if op == RedOp::Avg && s + 2 == n { n as u32 } else { 1 },
-            });
-            group(net, ops, &plan, &bufs, stream, combine)?;
-        }
+    for g in ring_groups(r, n, count) {
+        let ((so, sl), (ro, rl)) = (g.send, g.recv);
+        let group_ops = [
+            P2pOp { dir: Dir::Send, peer: next, bytes: sl * size },
+            P2pOp { dir: Dir::Recv, peer: prev, bytes: rl * size },
+        ];
+        let plan = p2p::plan(r, n, &group_ops, slot)?;
+        let bufs = [recv + (so * size) as u64, recv + (ro * size) as u64];
+        let combine = g.reduce.then_some(Combine {
+            kernels,
+            cap,
+            dtype,
+            op,
+            postdiv: if op == RedOp::Avg && g.last { n as u32 } else { 1 },
+        });
+        group(net, ops, &plan, &bufs, stream, combine)?;
     }
     record(end, stream, r)
 }
@@ -313,4 +358,51 @@ pub fn program(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the groups of every rank in lockstep on sets of contributing ranks per element:
+    /// every element of every rank ends with all ranks, and `last` marks exactly the reductions
+    /// that complete a chunk.
+    #[test]
+    #[allow(clippy::needless_range_loop)] // ranks and steps index several tables
+    fn ring_groups_reduce_everything_once() {
+        for n in 1..=6 {
+            for count in [0, 1, 5, 6, 7, 64, 1001] {
+                let groups: Vec<Vec<RingGroup>> = (0..n).map(|r| ring_groups(r, n, count)).collect();
+                let steps = if n > 1 { 2 * (n - 1) } else { 0 };
+                assert!(groups.iter().all(|g| g.len() == steps));
+                let mut have: Vec<Vec<u64>> = (0..n).map(|r| vec![1u64 << r; count]).collect();
+                for i in 0..steps {
+                    let sent: Vec<Vec<u64>> = (0..n)
+                        .map(|r| {
+                            let (o, l) = groups[r][i].send;
+                            have[r][o..o + l].to_vec()
+                        })
+                        .collect();
+                    for r in 0..n {
+                        let g = groups[r][i];
+                        let prev = (r + n - 1) % n;
+                        assert_eq!(g.recv.1, sent[prev].len(), "n {n} count {count}");
+                        for (j, &v) in sent[prev].iter().enumerate() {
+                            let x = &mut have[r][g.recv.0 + j];
+                            if g.reduce {
+                                assert_eq!(*x & v, 0, "a rank's value counted twice");
+                                *x |= v;
+                                assert_eq!(*x == (1u64 << n) - 1, g.last, "n {n} step {i}");
+                            } else {
+                                *x = v;
+                            }
+                        }
+                    }
+                }
+                if n > 1 {
+                    assert!(have.iter().flatten().all(|&x| x == (1u64 << n) - 1), "n {n} count {count}");
+                }
+            }
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::proxy::{NetOptions, Outgoing, Proxy};
 use super::ucp::{Context, Ucp, Worker};
 use super::{outbox_offset, NetMem};
-use crate::exec::net::program;
+use crate::exec::net::{program, ring_groups};
 use crate::bootstrap::Bootstrap;
 use crate::plan::p2p::{plan, slot_bytes, Action, Dir, P2pOp, P2pPlan, Place};
 use crate::transport::ipc::Exchange;
@@ -153,29 +153,22 @@ fn bytes_of(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// A ring all-reduce (sum) of `data` over the network: n − 1 reduce-scatter groups (send a
-/// chunk to the next rank, receive one from the previous, add), then n − 1 all-gather groups.
+/// A ring all-reduce (sum) of `data` over the network, with the GPU executor's groups
+/// ([`ring_groups`]): each receive combined (`received + own`) or copied on the host.
 fn ring_all_reduce(rank: &mut Rank, data: &mut [f32]) -> Result<()> {
-    let (r, n, count) = (rank.me, rank.n, data.len());
+    let (r, n) = (rank.me, rank.n);
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-    for phase in 0..2 {
-        for s in 0..n - 1 {
-            let (send_c, recv_c) = if phase == 0 {
-                ((r + n - s) % n, (r + 2 * n - s - 1) % n)
-            } else {
-                ((r + 1 + n - s) % n, (r + n - s) % n)
-            };
-            let (sr, rr) = (chunk(send_c, n, count), chunk(recv_c, n, count));
-            let ops = [
-                P2pOp { dir: Dir::Send, peer: next, bytes: sr.len() * 4 },
-                P2pOp { dir: Dir::Recv, peer: prev, bytes: rr.len() * 4 },
-            ];
-            let mut bufs = vec![bytes_of(&data[sr]), vec![0u8; rr.len() * 4]];
-            rank.group(&ops, &mut bufs)?;
-            for (x, b) in data[rr].iter_mut().zip(bufs[1].chunks_exact(4)) {
-                let got = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                *x = if phase == 0 { got + *x } else { got };
-            }
+    for g in ring_groups(r, n, data.len()) {
+        let (sr, rr) = (g.send.0..g.send.0 + g.send.1, g.recv.0..g.recv.0 + g.recv.1);
+        let ops = [
+            P2pOp { dir: Dir::Send, peer: next, bytes: sr.len() * 4 },
+            P2pOp { dir: Dir::Recv, peer: prev, bytes: rr.len() * 4 },
+        ];
+        let mut bufs = vec![bytes_of(&data[sr]), vec![0u8; rr.len() * 4]];
+        rank.group(&ops, &mut bufs)?;
+        for (x, b) in data[rr].iter_mut().zip(bufs[1].chunks_exact(4)) {
+            let got = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            *x = if g.reduce { got + *x } else { got };
         }
     }
     Ok(())
