@@ -71,6 +71,7 @@ impl FromStr for Algorithm {
 
 /// Whether ranks in other processes are reached over the network ([`Config::net`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Network {
     /// Never: peers are reached with CUDA IPC (processes of one machine).
     #[default]
