@@ -572,6 +572,12 @@ impl Communicator {
             && !self.oneshot_broken.load(Ordering::Acquire)
     }
 
+    /// Whether the copy-engine all-reduce can run: one process, direct peer access between
+    /// every pair.
+    pub(crate) fn copy_engine_usable(&self) -> bool {
+        self.process.is_none() && self.transport.all_direct()
+    }
+
     /// The resources of `rank` (held here).
     pub(crate) fn resources(&self, rank: usize) -> &RankResources {
         &self.ranks[self.held(rank)]

@@ -6,7 +6,8 @@
 //! | --- | --- | --- | --- |
 //! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`) |
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
-//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring` or `oneshot`: force the all-reduce algorithm where it can run |
+//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
+//! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -38,6 +39,10 @@ pub enum Algorithm {
     /// barrier (small messages: no events, one launch per rank; 2 to 8 ranks with peer access
     /// between every pair).
     OneShot,
+    /// A ring whose peer traffic goes through the copy engines (`cuMemcpyAsync` on a second
+    /// stream per rank) while the SMs reduce, chunk by chunk (large messages; one process,
+    /// peer access between every pair, not under CUDA-graph capture).
+    CopyEngine,
 }
 
 impl Algorithm {
@@ -46,6 +51,7 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::OneShot => "oneshot",
+            Algorithm::CopyEngine => "ce",
         }
     }
 }
@@ -59,12 +65,14 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = String;
 
-    /// `ring` or `oneshot` (also `one-shot`, `one_shot`), any case, blanks around ignored.
+    /// `ring`, `oneshot` (also `one-shot`, `one_shot`) or `ce` (also `copy-engine`,
+    /// `copy_engine`), any case, blanks around ignored.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "ring" => Ok(Algorithm::Ring),
             "oneshot" | "one-shot" | "one_shot" => Ok(Algorithm::OneShot),
-            _ => Err("expected `ring` or `oneshot`".into()),
+            "ce" | "copy-engine" | "copy_engine" | "copyengine" => Ok(Algorithm::CopyEngine),
+            _ => Err("expected `ring`, `oneshot` or `ce`".into()),
         }
     }
 }
@@ -154,6 +162,10 @@ pub struct Config {
     pub algorithm: Option<Algorithm>,
     /// All-reduces of at most this many bytes per rank run one-shot (when they can).
     pub oneshot_max_bytes: usize,
+    /// All-reduces of at least this many bytes per rank run on the copy engines
+    /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
+    /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
+    pub ce_min_bytes: Option<usize>,
     /// Most bytes one ring step moves, or `None` for the size-dependent default.
     pub chunk_bytes: Option<usize>,
     /// Most blocks of a step that reads or writes a peer's memory in one direction.
@@ -172,6 +184,9 @@ pub struct Config {
     pub debug: DebugLevel,
 }
 
+/// Default of [`Config::ce_min_bytes`].
+pub const DEFAULT_CE_MIN_BYTES: usize = 128 << 20;
+
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
 
@@ -182,6 +197,7 @@ impl Default for Config {
             ring: None,
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
+            ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             chunk_bytes: None,
             peer_blocks: DEFAULT_PEER_BLOCKS,
             peer_duplex_blocks: None,
@@ -193,7 +209,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 10] = [
+pub const ENV_VARS: [&str; 11] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -203,6 +219,7 @@ pub const ENV_VARS: [&str; 10] = [
     "RINGCCL_PEER_DUPLEX_BLOCKS",
     "RINGCCL_DEBUG",
     "RINGCCL_BOOTSTRAP_TIMEOUT",
+    "RINGCCL_CE_MIN_BYTES",
     "RINGCCL_NET",
 ];
 
@@ -263,7 +280,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, net] = ENV_VARS;
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, net] = ENV_VARS;
         if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
             c.p2p_disable = v;
         }
@@ -273,6 +290,9 @@ impl Config {
             c.oneshot_max_bytes = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
+        if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
+            c.ce_min_bytes = Some(v);
+        }
         if let Some(v) = parse(peer, get(peer)?, parse_blocks)? {
             c.peer_blocks = v;
         }
@@ -411,6 +431,29 @@ mod tests {
             Err(Error::Config { variable, .. }) => variable,
             other => panic!("expected a config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn copy_engine_threshold_and_algorithm() {
+        assert_eq!(from(&[]).unwrap().ce_min_bytes, Some(128 << 20));
+        let c = from(&[("RINGCCL_CE_MIN_BYTES", "1G"), ("RINGCCL_ALGO", "CE")]).unwrap();
+        assert_eq!(
+            (c.ce_min_bytes, c.algorithm),
+            (Some(1 << 30), Some(Algorithm::CopyEngine))
+        );
+        assert_eq!(
+            from(&[("RINGCCL_CE_MIN_BYTES", "0")]).unwrap().ce_min_bytes,
+            Some(0)
+        );
+        let e = from(&[("RINGCCL_CE_MIN_BYTES", "lots")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RINGCCL_CE_MIN_BYTES"), "{e}");
+        assert_eq!(
+            "copy-engine".parse::<Algorithm>(),
+            Ok(Algorithm::CopyEngine)
+        );
+        assert_eq!(Algorithm::CopyEngine.to_string(), "ce");
     }
 
     #[test]

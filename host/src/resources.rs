@@ -34,6 +34,9 @@ pub struct RankResources {
     pub ctx: Arc<CudaContext>,
     /// A non-blocking stream of the communicator's own.
     pub stream: Arc<CudaStream>,
+    /// A second stream of the communicator's own, for peer copies that overlap the caller's
+    /// stream (the copy-engine all-reduce).
+    pub copy_stream: Arc<CudaStream>,
     /// ringccl's kernels in `ctx`.
     pub kernels: Kernels,
     /// The device's name.
@@ -54,6 +57,9 @@ impl RankResources {
         let stream = ctx
             .new_stream()
             .map_err(|e| Error::cuda("cuStreamCreate", r, e))?;
+        let copy_stream = ctx
+            .new_stream()
+            .map_err(|e| Error::cuda("cuStreamCreate", r, e))?;
         let kernels = Kernels::load(&ctx, r)?;
         let name = ctx
             .name()
@@ -64,6 +70,7 @@ impl RankResources {
             ordinal,
             ctx,
             stream,
+            copy_stream,
             kernels,
             name,
             flags,

@@ -744,6 +744,19 @@ impl Env {
         Env { comm, n }
     }
 
+    /// [`Env::new`] with the all-reduce algorithm forced to `algorithm`.
+    fn forced(algorithm: ringccl::Algorithm) -> Self {
+        let mut config = ringccl::Config::from_env().expect("the RINGCCL_* variables");
+        config.algorithm = Some(algorithm);
+        let count = ringccl::device_count().expect("the CUDA driver");
+        let ordinals: Vec<usize> = (0..count).collect();
+        let comm = Communicator::with_config(&ordinals, config)
+            .unwrap_or_else(|e| panic!("these tests need 2+ CUDA GPUs: {e}"));
+        let n = comm.nranks();
+        assert!(n >= 2, "these tests need 2+ CUDA GPUs; {n} visible");
+        Env { comm, n }
+    }
+
     fn stream(&self, r: usize) -> &Arc<CudaStream> {
         self.comm.stream(r)
     }
@@ -1250,6 +1263,36 @@ fn collective_test(coll: Coll) {
 #[ignore = "needs 2+ CUDA GPUs"]
 fn all_reduce() {
     collective_test(Coll::AllReduce);
+}
+
+/// All-reduce forced onto the copy engines (peer copies on a second stream per rank, SM
+/// reductions on the caller's): the same cases and checks as `all_reduce`.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn all_reduce_on_copy_engines() {
+    let env = Env::forced(ringccl::Algorithm::CopyEngine);
+    let mut tally = Tally::new("all_reduce (copy engines)");
+    for_all_types!(run_coll(&env, Coll::AllReduce, &mut tally));
+    tally.finish();
+}
+
+/// All-gather, broadcast and all-to-all forced onto the copy engines (plain copies from each
+/// input to the outputs on a second stream per rank): the same cases and checks as their own
+/// tests.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn copies_on_copy_engines() {
+    let env = Env::forced(ringccl::Algorithm::CopyEngine);
+    for coll in [Coll::AllGather, Coll::Broadcast, Coll::AllToAll] {
+        let name = match coll {
+            Coll::AllGather => "all_gather (copy engines)",
+            Coll::Broadcast => "broadcast (copy engines)",
+            _ => "all_to_all (copy engines)",
+        };
+        let mut tally = Tally::new(name);
+        for_all_types!(run_coll(&env, coll, &mut tally));
+        tally.finish();
+    }
 }
 
 /// Reduce-scatter: every type × op × size, in and out of place (the in-place buffer's other

@@ -6,22 +6,19 @@
 use ringccl::CollectiveKind;
 
 /// The collectives ringccl-perf measures, in the order `-t all` runs them.
-pub const MEASURED: [CollectiveKind; 6] = [
+pub const MEASURED: [CollectiveKind; 7] = [
     CollectiveKind::AllReduce,
     CollectiveKind::AllGather,
     CollectiveKind::ReduceScatter,
     CollectiveKind::Broadcast,
     CollectiveKind::Reduce,
     CollectiveKind::AllToAll,
+    CollectiveKind::SendRecv,
 ];
-
-/// Also measured when named (not part of `-t all`): send/recv, a ring shift as nccl-tests'
-/// `sendrecv_perf`.
-pub const ALSO_MEASURED: [CollectiveKind; 1] = [CollectiveKind::SendRecv];
 
 /// Whether ringccl-perf measures `kind`.
 pub fn is_measured(kind: CollectiveKind) -> bool {
-    MEASURED.contains(&kind) || ALSO_MEASURED.contains(&kind)
+    MEASURED.contains(&kind)
 }
 
 /// Parses a collective name (any spelling [`CollectiveKind`] accepts: `all_reduce`,
@@ -31,11 +28,7 @@ pub fn parse(s: &str) -> Result<CollectiveKind, String> {
     if is_measured(kind) {
         Ok(kind)
     } else {
-        let names: Vec<&str> = MEASURED
-            .iter()
-            .chain(&ALSO_MEASURED)
-            .map(|k| k.name())
-            .collect();
+        let names: Vec<&str> = MEASURED.iter().map(|k| k.name()).collect();
         Err(format!(
             "ringccl-perf does not measure {kind} (it measures {})",
             names.join(", ")
@@ -60,7 +53,8 @@ pub struct Shape {
 }
 
 /// busbw = algbw × this factor, for `n` ranks (nccl-tests' PERFORMANCE.md; gather, scatter
-/// and send/recv as nccl-tests' own tests of them).
+/// and send/recv as nccl-tests' own tests of them: send/recv is a ring shift, every rank
+/// sending its buffer to the next rank and receiving the previous rank's).
 pub fn busbw_factor(kind: CollectiveKind, n: usize) -> f64 {
     use CollectiveKind as K;
     let n = n.max(1) as f64;
@@ -115,10 +109,11 @@ mod tests {
                 "reduce_scatter",
                 "broadcast",
                 "reduce",
-                "all_to_all"
+                "all_to_all",
+                "send_recv"
             ]
         );
-        for k in MEASURED.into_iter().chain(ALSO_MEASURED) {
+        for k in MEASURED {
             assert_eq!(parse(k.name()), Ok(k));
         }
         assert_eq!(parse("AllReduce"), Ok(K::AllReduce));
@@ -130,7 +125,7 @@ mod tests {
         for k in [K::Gather, K::Scatter] {
             let e = parse(k.name()).unwrap_err();
             assert!(
-                e.contains("does not measure") && e.contains("all_to_all"),
+                e.contains("does not measure") && e.contains("send_recv"),
                 "{e}"
             );
         }

@@ -923,6 +923,9 @@ impl Bench<'_> {
         match lib {
             Lib::Ringccl => {
                 let streams = self.streams();
+                if kind == CollectiveKind::SendRecv {
+                    return self.ringccl_ring_shift(shape, bufs, &streams);
+                }
                 if inplace {
                     let len = in_place_layout(kind, shape, 0).0;
                     let mut views: Vec<CudaViewMut<'_, T>> =
@@ -937,9 +940,6 @@ impl Bench<'_> {
                         .iter_mut()
                         .map(|b| b.slice_mut(0..shape.recv))
                         .collect();
-                    if kind == CollectiveKind::SendRecv {
-                        return self.ringccl_send_recv(&send, &mut recv, shape.count, &streams);
-                    }
                     let mut io: Vec<Io<'_, T>> = send
                         .iter()
                         .zip(recv.iter_mut())
@@ -994,6 +994,25 @@ impl Bench<'_> {
         }
     }
 
+    /// send/recv as nccl-tests' `sendrecv_perf`: every rank sends its buffer to the next rank
+    /// and receives the previous rank's, in one group ([`ringccl::PeerOp`]s).
+    fn ringccl_ring_shift<T: PerfElem>(
+        &self,
+        shape: &Shape,
+        bufs: &mut Bufs<T>,
+        streams: &[&Arc<CudaStream>],
+    ) -> Result<(), String> {
+        let (n, c) = (self.n, shape.count);
+        let mut ops = Vec::with_capacity(2 * self.local.len());
+        for ((a, b), &r) in bufs.a.iter().zip(bufs.b.iter_mut()).zip(&self.local) {
+            ops.push(PeerOp::send(r, (r + 1) % n, a, c));
+            ops.push(PeerOp::recv(r, (r + n - 1) % n, b, c));
+        }
+        self.comm
+            .peer_ops(&mut ops, streams)
+            .map_err(|e| e.to_string())
+    }
+
     fn ringccl_call<T: PerfElem>(
         &self,
         kind: CollectiveKind,
@@ -1012,29 +1031,10 @@ impl Bench<'_> {
             K::Broadcast => c.broadcast(io, count, root, streams),
             K::Reduce => c.reduce(io, count, op, root, streams),
             K::AllToAll => c.all_to_all(io, count, streams),
+            // send/recv goes through `ringccl_ring_shift`.
             K::Gather | K::Scatter | K::SendRecv => return Err(not_measured(kind)),
         }
         .map_err(|e| e.to_string())
-    }
-
-    /// send/recv as nccl-tests' `sendrecv_perf`: every rank sends `count` elements to the next
-    /// rank and receives as many from the previous one, in one group (`peer_ops`).
-    fn ringccl_send_recv<T: PerfElem>(
-        &self,
-        send: &[CudaView<'_, T>],
-        recv: &mut [CudaViewMut<'_, T>],
-        count: usize,
-        streams: &[&Arc<CudaStream>],
-    ) -> Result<(), String> {
-        let n = self.comm.nranks();
-        let mut ops = Vec::with_capacity(2 * self.local.len());
-        for ((s, d), &r) in send.iter().zip(recv.iter_mut()).zip(&self.local) {
-            ops.push(PeerOp::send(r, (r + 1) % n, s, count));
-            ops.push(PeerOp::recv(r, (r + n - 1) % n, d, count));
-        }
-        self.comm
-            .peer_ops(&mut ops, streams)
-            .map_err(|e| e.to_string())
     }
 
     /// Waits for the call, reads every output back and counts the wrong elements.
@@ -1048,7 +1048,7 @@ impl Bench<'_> {
     ) -> Result<usize, String> {
         use CollectiveKind as K;
         self.sync()?;
-        let (root, count, nranks) = (self.opts.root, shape.count, self.comm.nranks());
+        let (root, count, n) = (self.opts.root, shape.count, self.n);
         let Expect { pat, table, tol } = *expect;
         let period = table.len().max(1);
         std::thread::scope(|sc| -> Result<usize, String> {
@@ -1078,7 +1078,7 @@ impl Bench<'_> {
                         K::AllGather => pat.value(j / count, j % count),
                         K::Broadcast => pat.value(root, j),
                         K::AllToAll => pat.value(j / count, r * count + j % count),
-                        K::SendRecv => pat.value((r + nranks - 1) % nranks, j),
+                        K::SendRecv => pat.value((r + n - 1) % n, j),
                         // Not measured: `sweep` refuses them before any launch.
                         K::Gather | K::Scatter => f64::NAN,
                     })

@@ -133,7 +133,7 @@ impl Nccl {
                 first_err = Some(format!("rank {r}: no buffers or stream given"));
                 break;
             };
-            if let Err(e) = self.one(kind, shape, dtype, elt, op, (root, r), sp, rp, comm, st) {
+            if let Err(e) = self.one(kind, shape, dtype, elt, op, root, r, sp, rp, comm, st) {
                 first_err = Some(format!("rank {r}: {e}"));
                 break;
             }
@@ -153,7 +153,8 @@ impl Nccl {
         dtype: sys::ncclDataType_t,
         elt: usize,
         op: RedOp,
-        (root, me): (usize, usize),
+        root: usize,
+        rank: usize,
         send: u64,
         recv: u64,
         comm: sys::ncclComm_t,
@@ -186,11 +187,12 @@ impl Nccl {
                     return Err(format!("ringccl-perf does not measure {kind} with NCCL"));
                 }
                 K::SendRecv => {
-                    // As nccl-tests' sendrecv_perf: to the next rank, from the previous one.
+                    // As nccl-tests' sendrecv_perf: to the next rank, from the previous one,
+                    // inside the caller's group.
                     let n = self.nranks;
-                    result::send(sp, c, dtype, ((me + 1) % n) as i32, comm, s).and_then(|_| {
-                        result::recv(rp, c, dtype, ((me + n - 1) % n) as i32, comm, s)
-                    })
+                    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+                    result::send(sp, c, dtype, next as i32, comm, s)
+                        .and_then(|_| result::recv(rp, c, dtype, prev as i32, comm, s))
                 }
                 K::AllToAll => {
                     // As nccl-tests: one send and one receive per peer, in the group.

@@ -42,7 +42,7 @@ use crate::config::Algorithm;
 use crate::debug::report;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
-use crate::plan::{tuning, Prepared, ProcessPlan};
+use crate::plan::{self, tuning, Prepared, ProcessPlan};
 use crate::schedule::Layout;
 use crate::{RedOp, Result};
 
@@ -95,9 +95,18 @@ impl Communicator {
         let n = devices.len();
         let config = self.config();
         let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
+        // Whether the streams are being captured into a CUDA graph (all or none: checked here,
+        // before anything is enqueued).
+        let capturing = exec::capturing(streams)?;
+        let ce_possible = self.copy_engine_usable() && !capturing;
         let algorithm = match c {
             Collective::AllReduce { .. } => {
-                tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), config)
+                tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, config)
+            }
+            Collective::AllGather { .. } | Collective::Broadcast { .. } | Collective::AllToAll { .. }
+                if tuning::copies_on_copy_engines(max_bytes, ce_possible, config) =>
+            {
+                Algorithm::CopyEngine
             }
             _ => Algorithm::Ring,
         };
@@ -109,8 +118,25 @@ impl Communicator {
                 recv: p.recv,
             })
             .collect();
+        let in_place = checked.layout != Layout::OutOfPlace;
+        let ce_plan = match (algorithm, c) {
+            (Algorithm::CopyEngine, Collective::AllReduce { count }) => {
+                let chunk = tuning::ce_chunk_elems(max_bytes, n, T::DTYPE, config);
+                Some(plan::copy_engine::plan(self.ring(), count, chunk, tuning::CE_SLOTS)?)
+            }
+            (Algorithm::CopyEngine, Collective::AllGather { sendcount }) => {
+                Some(plan::copy_engine::all_gather(n, sendcount, in_place))
+            }
+            (Algorithm::CopyEngine, Collective::Broadcast { count, root }) => {
+                Some(plan::copy_engine::broadcast(n, count, root, in_place))
+            }
+            (Algorithm::CopyEngine, Collective::AllToAll { count_per_peer }) => {
+                Some(plan::copy_engine::all_to_all(n, count_per_peer))
+            }
+            _ => None,
+        };
         let prepared = match algorithm {
-            Algorithm::OneShot => None,
+            Algorithm::OneShot | Algorithm::CopyEngine => None,
             Algorithm::Ring => {
                 let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
                 let key = c.schedule_key(checked.layout, chunk);
@@ -150,13 +176,12 @@ impl Communicator {
         // now, record this call's accesses when the guards drop, after everything is enqueued.
         // (A one-shot rank's kernel ends only after every peer is done reading its input, so
         // the record on its own stream covers the call too.)
-        let capturing = exec::capturing(streams)?;
         let guards = track(io, streams, &checked.ptrs);
         let mut call = self.begin_call();
-        let result = match &prepared {
-            Some(p) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
-            None => {
-                let in_place = checked.layout != Layout::OutOfPlace;
+        let result = match (&prepared, &ce_plan) {
+            (Some(p), _) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
+            (None, Some(p)) => exec::copy_engine::execute(&mut call, p, T::DTYPE, op, &ptrs, streams),
+            (None, None) => {
                 exec::oneshot::execute(
                     &mut call, T::DTYPE, op, &ptrs, in_place, c.count(), streams, capturing,
                 )
@@ -247,7 +272,7 @@ impl Communicator {
             });
         }
         if let Collective::AllReduce { count } = c {
-            if tuning::all_reduce_algorithm(max_bytes, n, true, config) == Algorithm::OneShot {
+            if tuning::all_reduce_algorithm(max_bytes, n, true, false, config) == Algorithm::OneShot {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
                 let guards = track(io, streams, &checked.ptrs);
                 let mut state = p.lock();

@@ -22,6 +22,7 @@
 //!
 //! Nothing here blocks the host.
 
+pub mod copy_engine;
 pub mod oneshot;
 pub mod net;
 pub mod p2p;

@@ -8,6 +8,7 @@
 //!   shape and kept by the communicator.
 
 pub mod p2p;
+pub mod copy_engine;
 pub mod signals;
 pub mod topology;
 pub mod tuning;

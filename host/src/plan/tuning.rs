@@ -90,26 +90,85 @@ pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config
 /// The algorithm of an all-reduce of `bytes` bytes per rank over `nranks` ranks.
 ///
 /// One-shot needs 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks and `oneshot_possible` (direct
-/// peer access between every pair, no earlier failed one-shot call); without those it is never
-/// chosen, not even when [`Config::algorithm`] forces it. Otherwise the forced algorithm wins,
-/// and unforced calls run one-shot up to [`Config::oneshot_max_bytes`].
+/// peer access between every pair, no earlier failed one-shot call); the copy-engine ring needs
+/// 2 or more ranks and `ce_possible` (one process, direct peer access between every pair, not
+/// under CUDA-graph capture). An algorithm that is not possible is never chosen, not even when
+/// [`Config::algorithm`] forces it (the ring runs instead). Otherwise the forced algorithm wins,
+/// and unforced calls run one-shot up to [`Config::oneshot_max_bytes`], on the copy engines
+/// from [`Config::ce_min_bytes`] (when set), the ring in between.
+///
+/// ```
+/// use ringccl::internals::plan::tuning::all_reduce_algorithm;
+/// use ringccl::{Algorithm, Config};
+/// let c = Config::default();
+/// assert_eq!(all_reduce_algorithm(4096, 2, true, true, &c), Algorithm::OneShot);
+/// assert_eq!(all_reduce_algorithm(16 << 20, 2, true, true, &c), Algorithm::Ring);
+/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Algorithm::CopyEngine);
+/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, &c), Algorithm::Ring);
+/// ```
 pub fn all_reduce_algorithm(
     bytes: usize,
     nranks: usize,
     oneshot_possible: bool,
+    ce_possible: bool,
     config: &Config,
 ) -> Algorithm {
-    let possible =
-        (2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) && oneshot_possible;
-    if !possible {
-        return Algorithm::Ring;
-    }
+    let oneshot = (2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) && oneshot_possible;
+    let ce = nranks >= 2 && ce_possible;
     match config.algorithm {
-        Some(a) => a,
-        None if bytes <= config.oneshot_max_bytes => Algorithm::OneShot,
+        Some(Algorithm::OneShot) if oneshot => Algorithm::OneShot,
+        Some(Algorithm::CopyEngine) if ce => Algorithm::CopyEngine,
+        Some(_) => Algorithm::Ring,
+        None if oneshot && bytes <= config.oneshot_max_bytes => Algorithm::OneShot,
+        None if ce && config.ce_min_bytes.is_some_and(|m| bytes >= m) => Algorithm::CopyEngine,
         None => Algorithm::Ring,
     }
 }
+
+/// Whether an all-gather, broadcast or all-to-all of `bytes` bytes (the larger of a rank's
+/// buffers) runs on the copy engines: where possible (`ce_possible`: one process, direct peer
+/// access between every pair, not under CUDA-graph capture), when [`Config::algorithm`] forces
+/// [`Algorithm::CopyEngine`] or from [`Config::ce_min_bytes`].
+///
+/// ```
+/// use ringccl::internals::plan::tuning::copies_on_copy_engines;
+/// use ringccl::Config;
+/// let c = Config::default();
+/// assert!(copies_on_copy_engines(1 << 30, true, &c));
+/// assert!(!copies_on_copy_engines(1 << 20, true, &c));
+/// assert!(!copies_on_copy_engines(1 << 30, false, &c));
+/// ```
+pub fn copies_on_copy_engines(bytes: usize, ce_possible: bool, config: &Config) -> bool {
+    ce_possible
+        && match config.algorithm {
+            Some(a) => a == Algorithm::CopyEngine,
+            None => config.ce_min_bytes.is_some_and(|m| bytes >= m),
+        }
+}
+
+/// Chunk of the copy-engine all-reduce, in elements: a quarter of a rank's segment, between
+/// [`CE_MIN_CHUNK_BYTES`] and [`CE_MAX_CHUNK_BYTES`] (or [`Config::chunk_bytes`] if set), never
+/// more than the segment, never 0. Each chunk costs a few microseconds of host time per rank
+/// (a copy, a launch, events), so chunks stay large enough for the copies to outlast their
+/// issue. (With 2 ranks the copy stream runs every slot copy, then every all-gather copy, so
+/// the pipeline costs one chunk's reduction at the end, whatever the chunk count.)
+pub fn ce_chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config) -> usize {
+    let size = dtype.size();
+    let segment = bytes.div_ceil(nranks.max(1));
+    let want = config
+        .chunk_bytes
+        .unwrap_or_else(|| (segment / 4).clamp(CE_MIN_CHUNK_BYTES, CE_MAX_CHUNK_BYTES));
+    (want.min(segment) / size).max(1)
+}
+
+/// Smallest default chunk of the copy-engine all-reduce.
+pub const CE_MIN_CHUNK_BYTES: usize = 4 << 20;
+
+/// Largest default chunk of the copy-engine all-reduce.
+pub const CE_MAX_CHUNK_BYTES: usize = 32 << 20;
+
+/// Scratch slots per rank of the copy-engine all-reduce (chunks in flight to one rank).
+pub const CE_SLOTS: usize = 3;
 
 #[cfg(test)]
 mod tests {
@@ -130,10 +189,10 @@ mod tests {
         let c = Config::default();
         for n in 2..=8 {
             for bytes in [1, 8, 4096, 64 << 10, MAX - 1, MAX] {
-                assert_eq!(all_reduce_algorithm(bytes, n, true, &c), OneShot, "{bytes} B, {n} ranks");
+                assert_eq!(all_reduce_algorithm(bytes, n, true, false, &c), OneShot, "{bytes} B, {n} ranks");
             }
             for bytes in [MAX + 1, 1 << 20, usize::MAX] {
-                assert_eq!(all_reduce_algorithm(bytes, n, true, &c), Ring);
+                assert_eq!(all_reduce_algorithm(bytes, n, true, false, &c), Ring);
             }
         }
         // The threshold is configurable.
@@ -141,9 +200,9 @@ mod tests {
             oneshot_max_bytes: 4095,
             ..Config::default()
         };
-        assert_eq!(all_reduce_algorithm(4096, 2, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm(4096, 2, true, false, &c), Ring);
         c.oneshot_max_bytes = 4096;
-        assert_eq!(all_reduce_algorithm(4096, 2, true, &c), OneShot);
+        assert_eq!(all_reduce_algorithm(4096, 2, true, false, &c), OneShot);
     }
 
     #[test]
@@ -151,17 +210,51 @@ mod tests {
         for a in [None, Some(OneShot), Some(Ring)] {
             let c = forced(a);
             for n in [0, 1, 9, 16] {
-                assert_eq!(all_reduce_algorithm(64, n, true, &c), Ring);
+                assert_eq!(all_reduce_algorithm(64, n, true, false, &c), Ring);
             }
-            assert_eq!(all_reduce_algorithm(64, 2, false, &c), Ring);
-            assert_eq!(all_reduce_algorithm(64, 8, false, &c), Ring);
+            assert_eq!(all_reduce_algorithm(64, 2, false, false, &c), Ring);
+            assert_eq!(all_reduce_algorithm(64, 8, false, false, &c), Ring);
         }
     }
 
     #[test]
     fn the_override_wins_where_one_shot_is_possible() {
-        assert_eq!(all_reduce_algorithm(64, 2, true, &forced(Some(Ring))), Ring);
-        assert_eq!(all_reduce_algorithm(1 << 30, 4, true, &forced(Some(OneShot))), OneShot);
+        assert_eq!(all_reduce_algorithm(64, 2, true, false, &forced(Some(Ring))), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 30, 4, true, false, &forced(Some(OneShot))), OneShot);
+    }
+
+    #[test]
+    fn copy_engines_when_possible_and_forced_or_large() {
+        let ce = forced(Some(CopyEngine));
+        assert_eq!(all_reduce_algorithm(64, 2, true, true, &ce), CopyEngine);
+        assert_eq!(all_reduce_algorithm(64, 16, false, true, &ce), CopyEngine);
+        assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, &ce), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 30, 1, true, true, &ce), Ring);
+        let mut c = Config::default();
+        assert_eq!(all_reduce_algorithm(64 << 20, 2, true, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm(128 << 20, 2, true, true, &c), CopyEngine);
+        c.ce_min_bytes = None;
+        assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Ring);
+        c.ce_min_bytes = Some(1 << 20);
+        assert_eq!(all_reduce_algorithm((1 << 20) - 1, 2, true, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 20, 2, true, true, &c), CopyEngine);
+        assert_eq!(all_reduce_algorithm(4096, 2, true, true, &c), OneShot);
+        assert_eq!(all_reduce_algorithm(4096, 16, false, true, &c), Ring);
+        c.ce_min_bytes = Some(0);
+        assert_eq!(all_reduce_algorithm(4096, 16, false, true, &c), CopyEngine);
+    }
+
+    #[test]
+    fn copy_engine_chunks() {
+        let c = Config::default();
+        let f32 = DataType::F32;
+        assert_eq!(ce_chunk_elems(1 << 30, 2, f32, &c), (32 << 20) / 4);
+        assert_eq!(ce_chunk_elems(128 << 20, 2, f32, &c), (16 << 20) / 4);
+        assert_eq!(ce_chunk_elems(8 << 20, 2, f32, &c), (4 << 20) / 4);
+        assert_eq!(ce_chunk_elems(1 << 20, 2, f32, &c), (512 << 10) / 4);
+        assert_eq!(ce_chunk_elems(2, 2, f32, &c), 1);
+        let fixed = Config { chunk_bytes: Some(1 << 20), ..Config::default() };
+        assert_eq!(ce_chunk_elems(1 << 30, 2, f32, &fixed), (1 << 20) / 4);
     }
 
     #[test]

@@ -32,8 +32,11 @@ pub const SIGNAL_BYTES: usize = MAX_PROCESS_RANKS * 8;
 /// The most ranks a communicator of processes supports (the flag area's words).
 pub const MAX_PROCESS_RANKS: usize = 1024;
 
-/// Smallest scratch buffer of a communicator of processes.
-pub const MIN_SCRATCH_BYTES: usize = 4 << 20;
+/// Smallest scratch buffer of a communicator of processes. Point-to-point groups move data in
+/// chunks of a quarter of it between two ranks (`crate::plan::p2p::slot_bytes`), and each chunk
+/// costs a copy, a signal and a wait issued from the host on both sides (about 25 µs on
+/// 2 × H200 with 1 MiB chunks, `docs/perf/README.md`), so it is sized for 8 MiB chunks.
+pub const MIN_SCRATCH_BYTES: usize = 32 << 20;
 
 /// The all-gather the buffers are exchanged with (a communicator's bootstrap).
 pub trait Exchange {

@@ -1,0 +1,1 @@
+/* Empty: nccl.h includes it, the ABI check uses nothing from it. */
