@@ -475,8 +475,13 @@ impl Run {
 
     fn send_bye(&mut self) -> Result<()> {
         for q in 0..self.eps.len() {
-            if q != self.rank {
-                self.send(q, header(KIND_BYE, self.rank, 0, 0, 0))?;
+            if q == self.rank {
+                continue;
+            }
+            match self.send(q, header(KIND_BYE, self.rank, 0, 0, 0)) {
+                // A peer that said goodbye may be gone already.
+                Err(_) if self.bye[q] => {}
+                r => r?,
             }
         }
         self.bye_sent = true;
@@ -600,6 +605,10 @@ impl Run {
                         ));
                     }
                     i += 1;
+                }
+                // A peer that said goodbye needs nothing more from this rank and may be gone.
+                Err(Error::Network { .. }) if self.bye[peer] => {
+                    self.sends.swap_remove(i);
                 }
                 Err(Error::Network { reason, .. }) => {
                     return Err(self.err(Some(peer), format!("sending to rank {peer}: {reason}")));

@@ -299,6 +299,41 @@ fn ring_all_reduce_of_three_threads_is_bit_exact() {
     });
 }
 
+#[test]
+fn closing_waits_for_the_peers_goodbye_within_the_timeout() {
+    if !have_ucx() {
+        return;
+    }
+    let id = UniqueId::new_at("127.0.0.1:0".parse().expect("an address")).expect("a rendezvous");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|r| {
+                s.spawn(move || -> Result<Duration> {
+                    let boot = Bootstrap::join(&id, 2, r, TIMEOUT)?;
+                    let opts = NetOptions {
+                        timeout: Duration::from_secs(1),
+                        ..options()
+                    };
+                    let proxy = Proxy::start(r, 2, Arc::new(NetMem::new(2, SCRATCH)?), &boot, opts)?;
+                    if r == 1 {
+                        // Rank 1 closes late: rank 0 gives up waiting for its goodbye.
+                        std::thread::sleep(Duration::from_secs(3));
+                    }
+                    let t = Instant::now();
+                    proxy.close().map(|()| t.elapsed())
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("no panic")).collect();
+        let e = results[0].as_ref().expect_err("rank 0 gives up");
+        assert!(e.to_string().contains("no goodbye from rank(s) [1]"), "{e}");
+        eprintln!("{e}");
+        // Rank 1 got rank 0's goodbye before rank 0 gave up: it closes at once.
+        let t = results[1].as_ref().expect("rank 1 closes");
+        assert!(*t < Duration::from_secs(1), "{t:?}");
+    });
+}
+
 /// An exchange that answers for a world of two where rank 1 published `other`.
 struct Fake {
     other: Vec<u8>,
