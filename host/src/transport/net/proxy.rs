@@ -29,6 +29,10 @@ fn chunk_tag(src: usize, k: u64) -> u64 {
 const MAGIC: u32 = 0x5443_4e52;
 const KIND_SIGNAL: u32 = 1;
 const KIND_BYE: u32 = 2;
+/// What a failed proxy adds to every flag word, so that every wait of a stream is satisfied:
+/// `cuStreamWaitValue64`'s "greater or equal" is cyclic (`(i64)(flag - value) >= 0`), so the
+/// flag must move ahead by less than 2^63 (and far more than any call's signals).
+const RELEASE: u64 = 1 << 62;
 /// Receives kept posted.
 const POSTED_RECVS: usize = 8;
 /// Framing of a published worker address: magic, rank, nranks, address bytes.
@@ -221,7 +225,7 @@ impl Proxy {
                     // interrupted otherwise); the failure is reported to the host instead.
                     for q in 0..run.mem.nranks() {
                         if let Some(w) = run.mem.flag(q) {
-                            w.store(u64::MAX, Ordering::Release);
+                            w.fetch_add(RELEASE, Ordering::AcqRel);
                         }
                     }
                 }
@@ -294,7 +298,7 @@ impl Proxy {
                 std::hint::spin_loop();
             }
         }
-        // A failed proxy releases the waits (flags at `u64::MAX`): that is its error.
+        // A failed proxy releases the waits (flags raised by `RELEASE`): that is its error.
         match self.shared.error() {
             Some(e) => Err(e),
             None => Ok(()),

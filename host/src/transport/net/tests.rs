@@ -478,6 +478,9 @@ fn child() {
             let t = Instant::now();
             let e = check_all_reduce(&mut rank, 1_000).expect_err("rank 1 is gone");
             assert!(matches!(e, Error::Network { rank: Some(0), .. }), "{e}");
+            // The failed proxy released every wait a GPU stream could be blocked in.
+            let flag = rank.proxy.mem().flag(1).expect("a flag word");
+            assert!(flag.load(std::sync::atomic::Ordering::Acquire) >= 1 << 62);
             println!("rank {r}: error after {:?}: {e}", t.elapsed());
             assert!(t.elapsed() < TIMEOUT + Duration::from_secs(5));
         }
