@@ -267,7 +267,7 @@ impl Communicator {
         let boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
         let res = RankResources::new(rank, device, &config)?;
         // With the network path, ranks on other machines are reached over it only.
-        let windows = Windows::connect_with(&res.ctx, rank, nranks, &boot, config.net == Network::Ucx)?;
+        let windows = Windows::connect(&res.ctx, rank, nranks, &boot, config.net == Network::Ucx)?;
         let state = ProcessState::new(&res.ctx, rank, nranks, windows)?;
         let memops = MemOps::load()?;
         let net = match config.net {

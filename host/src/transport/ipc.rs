@@ -212,13 +212,9 @@ pub struct Windows {
 
 impl Windows {
     /// Allocates this rank's flag area and first scratch and maps every peer's (collective).
-    pub fn connect(ctx: &Arc<CudaContext>, rank: usize, nranks: usize, ex: &dyn Exchange) -> Result<Self> {
-        Windows::connect_with(ctx, rank, nranks, ex, false)
-    }
-
-    /// [`Windows::connect`]; with `remote_ok`, ranks on other machines are left unmapped
-    /// ([`Windows::remote_peer`]) instead of failing: the network transport reaches them.
-    pub fn connect_with(
+    /// Ranks on other machines are an error, unless `remote_ok`: then they are left unmapped
+    /// ([`Windows::remote_peer`]), for the network transport to reach.
+    pub fn connect(
         ctx: &Arc<CudaContext>,
         rank: usize,
         nranks: usize,
