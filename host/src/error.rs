@@ -93,6 +93,16 @@ pub enum Error {
         /// What was seen: addresses, ranks, the peer's own message.
         detail: String,
     },
+    /// The network transport (UCX) failed: the library is missing, a UCX call failed (UCX's own
+    /// text is kept), a peer was lost, or a wait on a network peer ran out of time.
+    Network {
+        /// The rank that reports it, where known.
+        rank: Option<usize>,
+        /// The peer involved, where known.
+        peer: Option<usize>,
+        /// What failed.
+        reason: String,
+    },
     /// A bug in ringccl: an internal consistency check failed. Please report it with the
     /// message.
     Internal {
@@ -142,6 +152,20 @@ impl fmt::Display for Error {
                     None => write!(f, "bootstrap failed ({failure}): ")?,
                 }
                 write!(f, "{detail}; {}", failure.advice())
+            }
+            Error::Network { rank, peer, reason } => {
+                write!(f, "network transport failed")?;
+                if let Some(r) = rank {
+                    write!(f, " on rank {r}")?;
+                }
+                if let Some(p) = peer {
+                    write!(f, " with peer {p}")?;
+                }
+                write!(
+                    f,
+                    ": {reason}; check that every rank runs and that UCX reaches the others \
+                     (UCX_TLS, UCX_NET_DEVICES)"
+                )
             }
             Error::Internal { reason } => write!(
                 f,
