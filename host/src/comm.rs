@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::bootstrap::{Bootstrap, LaunchEnv, UniqueId};
-use crate::config::Config;
+use crate::config::{Config, Network};
 use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::resources::{Call, Health, ProcessState, RankResources, RankState};
 use crate::transport::ipc::{Exchange, Windows};
+use crate::transport::net::NetRank;
 use crate::transport::Transport;
 use crate::{Error, Result};
 
@@ -116,6 +117,8 @@ pub(crate) struct ProcessRank {
     state: Mutex<ProcessState>,
     /// Plans by call shape.
     pub plans: PlanCache<ProcessPlan>,
+    /// The network path (`RINGCCL_NET=ucx`): point-to-point groups go through it.
+    pub net: Option<Mutex<NetRank>>,
 }
 
 impl ProcessRank {
@@ -339,9 +342,20 @@ impl Communicator {
         config.check(nranks)?;
         let boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
         let res = RankResources::new(rank, device, &config)?;
-        let windows = Windows::connect(&res.ctx, rank, nranks, &boot)?;
+        // With the network path, ranks on other machines are reached over it only.
+        let windows = Windows::connect(&res.ctx, rank, nranks, &boot, config.net == Network::Ucx)?;
         let state = ProcessState::new(&res.ctx, rank, nranks, windows)?;
         let memops = MemOps::load()?;
+        let net = match config.net {
+            Network::Off => None,
+            Network::Ucx => Some(Mutex::new(NetRank::connect(
+                &res.ctx,
+                rank,
+                nranks,
+                &boot,
+                config.bootstrap_timeout,
+            )?)),
+        };
         let ctxs = [res.ctx.clone()];
         let transport = Transport::connect(&ctxs, true, config.debug)?;
         let call_state = vec![RankState::new(&res.ctx, rank)?];
@@ -363,6 +377,7 @@ impl Communicator {
                 memops,
                 state: Mutex::new(state),
                 plans: PlanCache::default(),
+                net,
             }),
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),

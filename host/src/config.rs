@@ -14,6 +14,7 @@
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
 //! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
 //! | `RINGCCL_TIMEOUT` | [`timeout`](Config::timeout) | 600 | seconds a device-side wait for a peer (and a host wait: `synchronize`, drop) lasts before it gives up with `Error::Timeout`; `0`: no limit (an abort still ends it) |
+//! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups (`peer_ops`) and all-reduces of a job of processes go through the network transport (UCX, loaded at run time), even between processes of one machine |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -73,6 +74,37 @@ impl FromStr for Algorithm {
             "oneshot" | "one-shot" | "one_shot" => Ok(Algorithm::OneShot),
             "ce" | "copy-engine" | "copy_engine" | "copyengine" => Ok(Algorithm::CopyEngine),
             _ => Err("expected `ring`, `oneshot` or `ce`".into()),
+        }
+    }
+}
+
+/// Whether ranks in other processes are reached over the network ([`Config::net`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Network {
+    /// Never: peers are reached with CUDA IPC (processes of one machine).
+    #[default]
+    Off,
+    /// UCX carries the point-to-point groups (`peer_ops`) and all-reduces between processes,
+    /// even on one machine (UCX's own variables, e.g. `UCX_TLS`, `UCX_NET_DEVICES`, pick the wire).
+    Ucx,
+}
+
+impl FromStr for Network {
+    type Err = String;
+
+    /// `off` (or `0`, `none`) or `ucx`; any case.
+    ///
+    /// ```
+    /// use ringccl::Network;
+    /// assert_eq!("UCX".parse::<Network>(), Ok(Network::Ucx));
+    /// assert!("ib".parse::<Network>().is_err());
+    /// ```
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "off" | "0" | "none" => Ok(Network::Off),
+            "ucx" => Ok(Network::Ucx),
+            _ => Err("expected `off` or `ucx`".into()),
         }
     }
 }
@@ -152,6 +184,8 @@ pub struct Config {
     /// [`Communicator::synchronize`](crate::Communicator::synchronize) and the communicator's
     /// drop wait; `None`: no limit (an abort still ends every wait).
     pub timeout: Option<std::time::Duration>,
+    /// Whether ranks in other processes are reached over the network.
+    pub net: Network,
     /// What is reported on stderr.
     pub debug: DebugLevel,
 }
@@ -179,13 +213,14 @@ impl Default for Config {
             peer_duplex_blocks: None,
             bootstrap_timeout: std::time::Duration::from_secs(DEFAULT_BOOTSTRAP_TIMEOUT_S),
             timeout: Some(std::time::Duration::from_secs(DEFAULT_TIMEOUT_S)),
+            net: Network::Off,
             debug: DebugLevel::Off,
         }
     }
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 11] = [
+pub const ENV_VARS: [&str; 12] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -197,6 +232,7 @@ pub const ENV_VARS: [&str; 11] = [
     "RINGCCL_BOOTSTRAP_TIMEOUT",
     "RINGCCL_CE_MIN_BYTES",
     "RINGCCL_TIMEOUT",
+    "RINGCCL_NET",
 ];
 
 impl Config {
@@ -256,7 +292,8 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout] = ENV_VARS;
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net] =
+            ENV_VARS;
         if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
             c.p2p_disable = v;
         }
@@ -281,6 +318,9 @@ impl Config {
         }
         if let Some(v) = parse(timeout, get(timeout)?, parse_timeout)? {
             c.timeout = v;
+        }
+        if let Some(v) = parse(net, get(net)?, str::parse)? {
+            c.net = v;
         }
         Ok(c)
     }
@@ -461,8 +501,10 @@ mod tests {
             ("RINGCCL_DEBUG", "trace"),
             ("RINGCCL_BOOTSTRAP_TIMEOUT", "2.5"),
             ("RINGCCL_TIMEOUT", "1.5"),
+            ("RINGCCL_NET", "ucx"),
         ])
         .unwrap();
+        assert_eq!(c.net, Network::Ucx);
         assert_eq!(c.timeout, Some(std::time::Duration::from_millis(1500)));
         assert_eq!(from(&[("RINGCCL_TIMEOUT", "0")]).unwrap().timeout, None);
         assert!(c.p2p_disable);
@@ -498,6 +540,7 @@ mod tests {
             ("RINGCCL_BOOTSTRAP_TIMEOUT", "soon"),
             ("RINGCCL_TIMEOUT", "-1"),
             ("RINGCCL_TIMEOUT", "never"),
+            ("RINGCCL_NET", "ib"),
         ] {
             assert_eq!(err_var(from(&[(name, value)])), name, "{name}={value}");
         }

@@ -124,6 +124,16 @@ pub enum Error {
         /// The failure that stopped the issue.
         cause: Box<Error>,
     },
+    /// The network transport (UCX) failed: the library is missing, a UCX call failed (UCX's own
+    /// text is kept), a peer was lost, or a wait on a network peer ran out of time.
+    Network {
+        /// The rank that reports it, where known.
+        rank: Option<usize>,
+        /// The peer involved, where known.
+        peer: Option<usize>,
+        /// What failed.
+        reason: String,
+    },
     /// A bug in ringccl: an internal consistency check failed. Please report it with the
     /// message.
     Internal {
@@ -196,6 +206,20 @@ impl fmt::Display for Error {
                 "a call failed after part of it was enqueued on rank(s) {enqueued:?}: {cause}; \
                  the communicator is aborted and the call's buffers hold no result"
             ),
+            Error::Network { rank, peer, reason } => {
+                write!(f, "network transport failed")?;
+                if let Some(r) = rank {
+                    write!(f, " on rank {r}")?;
+                }
+                if let Some(p) = peer {
+                    write!(f, " with peer {p}")?;
+                }
+                write!(
+                    f,
+                    ": {reason}; check that every rank runs and that UCX reaches the others \
+                     (UCX_TLS, UCX_NET_DEVICES)"
+                )
+            }
             Error::Internal { reason } => write!(
                 f,
                 "internal error in ringccl: {reason}; please report this message"
@@ -325,7 +349,8 @@ impl Error {
             Error::InvalidArgument { rank, .. }
             | Error::Cuda { rank, .. }
             | Error::Bootstrap { rank, .. }
-            | Error::Timeout { rank, .. } => *rank,
+            | Error::Timeout { rank, .. }
+            | Error::Network { rank, .. } => *rank,
             Error::PartlyEnqueued { cause, .. } => cause.rank(),
             _ => None,
         }

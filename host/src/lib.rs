@@ -99,7 +99,7 @@ pub mod internals {
 pub use api::{DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf, SendRecv};
 pub use bootstrap::{BootstrapFailure, LaunchEnv, UniqueId};
 pub use comm::Communicator;
-pub use config::{Algorithm, Config, DebugLevel};
+pub use config::{Algorithm, Config, DebugLevel, Network};
 pub use driver::device_count;
 pub use dtype::{DataType, DeviceElement};
 pub use error::{Arg, Error, Result};

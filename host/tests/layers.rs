@@ -70,7 +70,7 @@ fn root_item(name: &str) -> &str {
         "DataType" | "DeviceElement" => "dtype",
         "CollectiveKind" | "UnknownCollective" => "kind",
         "Communicator" => "comm",
-        "Config" | "Algorithm" | "DebugLevel" => "config",
+        "Config" | "Algorithm" | "DebugLevel" | "Network" => "config",
         "Io" | "DeviceSlice" | "DeviceSliceMut" | "RawBuf" | "SendRecv" | "PeerOp" => "api",
         "device_count" => "driver",
         "RedOp" => "gpu_kernels",

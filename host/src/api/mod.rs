@@ -250,6 +250,39 @@ impl Communicator {
             recv: ptrs.recv,
         };
         let me = self.resources(p.rank);
+        if let (Some(net), Collective::AllReduce { count }) = (&p.net, c) {
+            // Through the network transport (`RINGCCL_NET=ucx`): a ring of point-to-point
+            // groups with a reduce kernel after each receive of the reduce-scatter.
+            report!(config.debug, Trace, "all_reduce {} count {count} across processes: network ring", T::DTYPE.name());
+            let guards = track(io, streams, &checked.ptrs);
+            let state = p.lock();
+            let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
+            let cap = me.caps.for_traffic(tuning::Traffic::Local);
+            let result = exec::net::all_reduce(
+                &mut net,
+                &p.memops,
+                &me.kernels,
+                cap,
+                (T::DTYPE, op),
+                (mine.send, mine.recv),
+                count,
+                stream.as_ref(),
+                &state.end,
+            );
+            drop(guards);
+            return result;
+        }
+        if let Some(q) = p.lock().windows.remote_peer() {
+            return Err(crate::Error::Network {
+                rank: Some(p.rank),
+                peer: Some(q),
+                reason: format!(
+                    "rank {q} runs on another machine: only all-reduce and point-to-point groups \
+                     (peer_ops) reach it, over RINGCCL_NET=ucx; the other collectives between \
+                     machines do not run yet"
+                ),
+            });
+        }
         if let Collective::AllReduce { count } = c {
             if tuning::all_reduce_algorithm(max_bytes, n, true, false, config) == Algorithm::OneShot {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());

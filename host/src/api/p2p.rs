@@ -396,6 +396,23 @@ impl Communicator {
             .collect();
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
         let mut state = p.lock();
+        if let Some(net) = &p.net {
+            // Through the network transport (`RINGCCL_NET=ucx`).
+            let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
+            let scratch = net.proxy.mem().scratch_bytes();
+            let slot = p2p::slot_bytes(scratch, p.nranks).ok_or_else(|| Error::Internal {
+                reason: format!("a network scratch of {scratch} bytes is too small for {} ranks", p.nranks),
+            })?;
+            let plan = p2p::plan(p.rank, p.nranks, &pops, slot)?;
+            let guards: Vec<SyncOnDrop<'_>> = ops
+                .iter_mut()
+                .filter(|o| o.count > 0)
+                .map(|o| o.track(stream.as_ref()))
+                .collect();
+            let result = exec::net::execute(&mut net, &p.memops, &plan, &bufs, stream.as_ref(), &state.end);
+            drop(guards);
+            return result;
+        }
         let scratch = state.windows.scratch_bytes();
         let slot = p2p::slot_bytes(scratch, p.nranks).ok_or_else(|| Error::Internal {
             reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),

@@ -24,6 +24,7 @@
 
 pub mod copy_engine;
 pub mod oneshot;
+pub mod net;
 pub mod p2p;
 pub mod process;
 pub mod ring;

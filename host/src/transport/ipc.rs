@@ -115,6 +115,9 @@ enum Reach {
     Direct,
     /// A buffer of another process, mapped (unmapped when dropped).
     Mapped { _mapping: Mapped },
+    /// A buffer of a process on another machine: not reachable (address 0); only the network
+    /// transport reaches that rank.
+    Remote,
 }
 
 /// One exchanged buffer of every rank, as this process reaches it.
@@ -127,12 +130,14 @@ struct Shared {
 }
 
 impl Shared {
-    /// Allocates this rank's buffer of `bytes`, exchanges it and maps every peer's.
+    /// Allocates this rank's buffer of `bytes`, exchanges it and maps every peer's (those on
+    /// another machine are left unmapped if `remote_ok`, else an error).
     fn exchange(
         ctx: &Arc<CudaContext>,
         rank: usize,
         bytes: usize,
         ex: &dyn Exchange,
+        remote_ok: bool,
     ) -> Result<Self> {
         let r = Some(rank);
         let own = DeviceAlloc::zeroed(ctx, bytes, r)?;
@@ -152,6 +157,11 @@ impl Shared {
             if q == rank {
                 reach.push(Reach::Own);
                 addr.push(own.ptr());
+                continue;
+            }
+            if p.machine != mine.machine && remote_ok {
+                reach.push(Reach::Remote);
+                addr.push(0);
                 continue;
             }
             if p.machine != mine.machine {
@@ -196,11 +206,21 @@ pub struct Windows {
     rank: usize,
     flags: Shared,
     scratch: Shared,
+    /// Ranks on other machines are allowed (left unmapped).
+    remote_ok: bool,
 }
 
 impl Windows {
     /// Allocates this rank's flag area and first scratch and maps every peer's (collective).
-    pub fn connect(ctx: &Arc<CudaContext>, rank: usize, nranks: usize, ex: &dyn Exchange) -> Result<Self> {
+    /// Ranks on other machines are an error, unless `remote_ok`: then they are left unmapped
+    /// ([`Windows::remote_peer`]), for the network transport to reach.
+    pub fn connect(
+        ctx: &Arc<CudaContext>,
+        rank: usize,
+        nranks: usize,
+        ex: &dyn Exchange,
+        remote_ok: bool,
+    ) -> Result<Self> {
         if nranks > MAX_PROCESS_RANKS {
             return Err(Error::invalid(
                 None,
@@ -208,8 +228,8 @@ impl Windows {
                 format!("{nranks} ranks: a communicator of processes has at most {MAX_PROCESS_RANKS}"),
             ));
         }
-        let flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex)?;
-        let scratch = Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex)?;
+        let flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, remote_ok)?;
+        let scratch = Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, remote_ok)?;
         if flags.addr.len() != nranks || scratch.addr.len() != nranks {
             return Err(Error::Internal {
                 reason: format!("{} ranks answered the exchange, not {nranks}", flags.addr.len()),
@@ -220,7 +240,13 @@ impl Windows {
             rank,
             flags,
             scratch,
+            remote_ok,
         })
+    }
+
+    /// The first rank this process cannot map (on another machine), if any.
+    pub fn remote_peer(&self) -> Option<usize> {
+        self.scratch.reach.iter().position(|r| matches!(r, Reach::Remote))
     }
 
     /// The address, in this process, of the flag word rank `from` signals rank `to` with.
@@ -253,7 +279,7 @@ impl Windows {
             return Ok(());
         }
         let target = bytes.next_power_of_two().max(MIN_SCRATCH_BYTES);
-        let new = Shared::exchange(&self.ctx, self.rank, target, ex)?;
+        let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.remote_ok)?;
         let Shared { own, reach, .. } = std::mem::replace(&mut self.scratch, new);
         // Close this process's mappings of the old buffers, wait until every rank has, then
         // free the old buffer.

@@ -14,11 +14,15 @@
 //! like their own memory. Only scratch is reachable there, which the schedules for processes
 //! respect (`crate::schedule::through_scratch`).
 //!
+//! Across the network ([`net`]): the same slots and counters in this rank's host memory, carried
+//! to the peer by a proxy thread over UCX (loaded at run time).
+//!
 //! The executors ask only [`Transport::path`], the two staged copies, and the windows'
 //! addresses; a new transport (copy engines, a network) adds a path here rather than changing
 //! the executors.
 
 pub mod ipc;
+pub mod net;
 
 use std::sync::Arc;
 

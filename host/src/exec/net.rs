@@ -1,0 +1,408 @@
+//! The executor of a rank's part of a group of point-to-point transfers whose peers are reached
+//! over the network: the copies, signals and waits of a [`P2pPlan`] on the rank's stream,
+//! against the rank's [`NetMem`] in pinned, device-mapped host memory, with its
+//! [`Proxy`] carrying the signals and chunks (see [`crate::transport::net`]).
+//!
+//! A copy into a peer's scratch lands in this rank's outbox (the same slot, by destination); a
+//! signal to a peer is `cuStreamWriteValue64` on this rank's posted word for it, a wait for a
+//! peer `cuStreamWaitValue64` on this rank's flag word for it; copies out of this rank's scratch
+//! read the inbox. Before the stream can post anything, the proxy is handed the group's
+//! [`program`]. Every peer but this rank itself is a network peer here.
+
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use gpu_kernels::op::RedOp;
+
+use super::{record, wait};
+use crate::driver::ipc::MemOps;
+use crate::driver::launch::Prim;
+use crate::driver::Kernels;
+use crate::dtype::DataType;
+use crate::plan::p2p::{self, Action, Dir, P2pOp, P2pPlan, Place};
+use crate::transport::net::proxy::{Chunk, Outgoing};
+use crate::transport::net::{outbox_offset, NetMem, NetRank};
+use crate::{Error, Result};
+
+fn internal(reason: String) -> Error {
+    Error::Internal { reason }
+}
+
+/// Enqueues `plan` on `stream`; `bufs[i]` is the device address of the buffer of the plan's
+/// operation `i` (validated by the caller to hold the operation's bytes). The group starts after
+/// `end` (this rank's previous call) and records its own end there, so that the rank's groups
+/// post their signals in order whatever streams they run on.
+pub fn execute(
+    net: &mut NetRank,
+    ops: &MemOps,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+    end: &CudaEvent,
+) -> Result<()> {
+    begin(net, stream, end)?;
+    group(net, ops, plan, bufs, stream, None)?;
+    record(end, stream, net.rank)
+}
+
+/// How a receive combines with what the buffer holds: `dst = a ⊕ dst` with the kernels, instead
+/// of a copy.
+#[derive(Clone, Copy)]
+struct Combine<'a> {
+    kernels: &'a Kernels,
+    cap: u32,
+    dtype: DataType,
+    op: RedOp,
+    postdiv: u32,
+}
+
+fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
+    if net.broken {
+        return Err(internal(
+            "an earlier call failed half-issued; the ranks are out of step: destroy the \
+             communicator"
+                .into(),
+        ));
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(net.rank), e))?;
+    wait(stream, end, net.rank)
+}
+
+/// One group: hands the proxy its program, enqueues it, counts its signals.
+fn group(
+    net: &mut NetRank,
+    ops: &MemOps,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+    combine: Option<Combine<'_>>,
+) -> Result<()> {
+    let n = net.sent.len();
+    if plan.sent.len() != n || plan.received.len() != n || net.rank >= n {
+        return Err(internal(format!(
+            "rank {} of {n}: a plan for {} ranks",
+            net.rank,
+            plan.sent.len()
+        )));
+    }
+    if plan.actions.is_empty() {
+        return Ok(());
+    }
+    let mem = net.proxy.mem().clone();
+    if plan.slot.saturating_mul(2).saturating_mul(n) > mem.scratch_bytes() {
+        return Err(internal(format!(
+            "slots of {} bytes for {n} ranks exceed the scratch of {} bytes",
+            plan.slot,
+            mem.scratch_bytes()
+        )));
+    }
+    let me = net.rank;
+    net.proxy.post(program(plan, me, &net.sent, |q| q != me)?)?;
+    let issued = issue(net, &mem, ops, plan, bufs, stream, combine);
+    if issued.is_err() {
+        // Signals already enqueued cannot be taken back: the peers' counters and ours no
+        // longer agree.
+        net.broken = true;
+        return issued;
+    }
+    for q in 0..n {
+        net.sent[q] += plan.sent[q];
+        net.received[q] += plan.received[q];
+    }
+    Ok(())
+}
+
+/// One group of the network ring all-reduce of rank `r` ([`ring_groups`]): send elements
+/// `send.0 .. send.0 + send.1` of the output to the next rank, receive `recv` likewise from the
+/// previous one, combined into the output (`reduce`) or copied; `last`: the chunk's final
+/// reduction (where avg divides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingGroup {
+    /// Combine the received elements with the output's (reduce-scatter) or copy them
+    /// (all-gather).
+    pub reduce: bool,
+    /// The final reduction of the received chunk.
+    pub last: bool,
+    /// (first element, elements) sent.
+    pub send: (usize, usize),
+    /// (first element, elements) received.
+    pub recv: (usize, usize),
+}
+
+/// The groups of rank `r` of `n` in a ring all-reduce of `count` elements, in order: n − 1 of
+/// reduce-scatter, then n − 1 of all-gather. Chunk `c` is elements `c·count/n .. (c+1)·count/n`;
+/// at reduce-scatter step `s` rank `r` sends chunk `r − s` and receives chunk `r − s − 1`; at
+/// all-gather step `s` it sends chunk `r + 1 − s` and receives chunk `r − s` (mod n).
+///
+/// ```
+/// use ringccl::internals::exec::net::ring_groups;
+/// let g = ring_groups(0, 2, 10);
+/// assert_eq!(g.len(), 2);
+/// assert_eq!((g[0].send, g[0].recv, g[0].reduce, g[0].last), ((0, 5), (5, 5), true, true));
+/// assert_eq!((g[1].send, g[1].recv, g[1].reduce), ((5, 5), (0, 5), false));
+/// ```
+pub fn ring_groups(r: usize, n: usize, count: usize) -> Vec<RingGroup> {
+    let chunk = |c: usize| (c * count / n, (c + 1) * count / n - c * count / n);
+    let mut out = Vec::new();
+    if n < 2 || r >= n {
+        return out;
+    }
+    for phase in 0..2 {
+        for s in 0..n - 1 {
+            let (send_c, recv_c) = if phase == 0 {
+                ((r + n - s) % n, (r + 2 * n - s - 1) % n)
+            } else {
+                ((r + 1 + n - s) % n, (r + n - s) % n)
+            };
+            out.push(RingGroup {
+                reduce: phase == 0,
+                last: phase == 0 && s + 2 == n,
+                send: chunk(send_c),
+                recv: chunk(recv_c),
+            });
+        }
+    }
+    out
+}
+
+/// A ring all-reduce of `count` elements of `dtype` over the network: `send` (equal to `recv`
+/// in place) is copied into `recv` unless in place, then n − 1 groups of reduce-scatter (send
+/// a chunk of `recv` to the next rank; the previous rank's chunk, read from the inbox, is
+/// combined into `recv` by a reduce kernel) and n − 1 of all-gather (plain receives), each a
+/// point-to-point plan of the network path. Chunk `c` of `recv` is elements
+/// `c·count/n .. (c+1)·count/n`; avg divides in the last reduction of each chunk.
+///
+/// Ordered after `end` and recorded there, like [`execute`]. The caller validated the buffers
+/// (`count` elements each, on this rank's device).
+#[allow(clippy::too_many_arguments)]
+pub fn all_reduce(
+    net: &mut NetRank,
+    ops: &MemOps,
+    kernels: &Kernels,
+    cap: u32,
+    (dtype, op): (DataType, RedOp),
+    (send, recv): (u64, u64),
+    count: usize,
+    stream: &CudaStream,
+    end: &CudaEvent,
+) -> Result<()> {
+    let (r, n, size) = (net.rank, net.sent.len(), dtype.size());
+    begin(net, stream, end)?;
+    if send != recv && count > 0 {
+        // SAFETY: both are `count` elements of this rank's validated buffers, disjoint (an
+        // out-of-place call).
+        unsafe { sys::cuMemcpyAsync(recv, send, count * size, stream.cu_stream()) }
+            .result()
+            .map_err(|e| Error::cuda("cuMemcpyAsync", Some(r), e))?;
+    }
+    let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n)
+        .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    for g in ring_groups(r, n, count) {
+        let ((so, sl), (ro, rl)) = (g.send, g.recv);
+        let group_ops = [
+            P2pOp { dir: Dir::Send, peer: next, bytes: sl * size },
+            P2pOp { dir: Dir::Recv, peer: prev, bytes: rl * size },
+        ];
+        let plan = p2p::plan(r, n, &group_ops, slot)?;
+        let bufs = [recv + (so * size) as u64, recv + (ro * size) as u64];
+        let combine = g.reduce.then_some(Combine {
+            kernels,
+            cap,
+            dtype,
+            op,
+            postdiv: if op == RedOp::Avg && g.last { n as u32 } else { 1 },
+        });
+        group(net, ops, &plan, &bufs, stream, combine)?;
+    }
+    record(end, stream, r)
+}
+
+fn issue(
+    net: &NetRank,
+    mem: &NetMem,
+    ops: &MemOps,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+    combine: Option<Combine<'_>>,
+) -> Result<()> {
+    let (r, n) = (net.rank, net.sent.len());
+    let base = mem
+        .device_base()
+        .ok_or_else(|| internal("network memory not mapped into the device".into()))?;
+    let [flags, posted, scratch, outbox] = mem.offsets().map(|o| base + o as u64);
+    let bytes_in = |at: usize, len: usize, limit: usize| at.checked_add(len).is_some_and(|e| e <= limit);
+    let addr = |p: Place, len: usize| -> Result<u64> {
+        match p {
+            Place::Op { op, offset } => bufs.get(op).map(|b| b + offset as u64),
+            Place::Scratch { rank, offset } if rank == r => {
+                bytes_in(offset, len, mem.scratch_bytes()).then(|| scratch + offset as u64)
+            }
+            Place::Scratch { rank, offset } => outbox_offset(r, rank, plan.slot, offset)
+                .filter(|&o| bytes_in(o, len, mem.scratch_bytes()))
+                .map(|o| outbox + o as u64),
+        }
+        .ok_or_else(|| internal(format!("no address for {p:?}")))
+    };
+    for a in &plan.actions {
+        match *a {
+            Action::Signal { peer, k } if peer < n => {
+                // SAFETY: this rank's posted word for `peer`, in the mapped memory, which the
+                // proxy (holding it) keeps alive.
+                unsafe { ops.write(stream, posted + 8 * peer as u64, net.sent[peer] + k, r) }?
+            }
+            Action::Wait { peer, k } if peer < n => {
+                // SAFETY: as above, the flag word for `peer`.
+                unsafe { ops.wait_geq(stream, flags + 8 * peer as u64, net.received[peer] + k, r) }?
+            }
+            Action::Copy {
+                from: from @ Place::Scratch { .. },
+                to: to @ Place::Op { .. },
+                bytes,
+            } if combine.is_some() => {
+                let (src, dst) = (addr(from, bytes)?, addr(to, bytes)?);
+                if let Some(c) = combine {
+                    let size = c.dtype.size();
+                    if bytes % size != 0 {
+                        return Err(internal(format!("a chunk of {bytes} bytes of {size}-byte elements")));
+                    }
+                    let prim = Prim::ReduceCopy {
+                        a: src,
+                        b: dst,
+                        dst0: dst,
+                        dst1: None,
+                        postdiv: c.postdiv,
+                    };
+                    // SAFETY: `src` is inside this rank's mapped inbox and `dst` inside the
+                    // caller's validated buffer (checked above), `bytes / size` elements each;
+                    // the destination equals the second source exactly.
+                    unsafe { c.kernels.launch_prim(stream, c.dtype, c.op, prim, bytes / size, c.cap)? };
+                }
+            }
+            Action::Copy { from, to, bytes } => {
+                let (src, dst) = (addr(from, bytes)?, addr(to, bytes)?);
+                // SAFETY: both ranges are inside the caller's validated buffers or this rank's
+                // mapped scratch/outbox (checked above); the plan's signals keep a slot from
+                // being written while it is still read. `cuMemcpyAsync` infers the direction
+                // (device or pinned host) from the unified addresses.
+                unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) }
+                    .result()
+                    .map_err(|e| Error::cuda("cuMemcpyAsync", Some(r), e))?;
+            }
+            _ => return Err(internal(format!("a plan action {a:?} for {n} ranks"))),
+        }
+    }
+    Ok(())
+}
+
+/// The signals rank `me`'s stream posts to network peers while running `plan`, in order, for
+/// the proxy: each `Signal` of the plan becomes an [`Outgoing`] with counter `base[peer] + k`,
+/// carrying the chunk the plan copied into that peer's scratch since its previous signal to
+/// it. `net(q)` says which peers are network peers (the others are left out).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{plan, Dir, P2pOp};
+/// use ringccl::internals::exec::net::program;
+/// // Rank 0 sends 300 bytes to rank 1 in slots of 256: two chunks.
+/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 300 }], 256)?;
+/// let out = program(&p, 0, &[0, 10], |q| q == 1)?;
+/// assert_eq!(out.len(), 2);
+/// assert_eq!(out[1].k, 12);
+/// assert_eq!(out[1].data.map(|c| (c.from, c.to, c.bytes)), Some((3 * 256, 256, 44)));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn program(
+    plan: &P2pPlan,
+    me: usize,
+    base: &[u64],
+    net: impl Fn(usize) -> bool,
+) -> Result<Vec<Outgoing>> {
+    let bad = |reason: String| Error::Internal { reason };
+    let n = base.len();
+    // Per peer: the scratch range [lo, hi) copied since the last signal.
+    let mut pending: Vec<Option<(usize, usize)>> = vec![None; n];
+    let mut out = Vec::new();
+    for a in &plan.actions {
+        match *a {
+            Action::Copy {
+                to: Place::Scratch { rank, offset },
+                bytes,
+                ..
+            } if rank != me && rank < n && net(rank) => {
+                let end = offset
+                    .checked_add(bytes)
+                    .ok_or_else(|| bad("a chunk's range overflows".into()))?;
+                let (lo, hi) = pending[rank].unwrap_or((offset, end));
+                pending[rank] = Some((lo.min(offset), hi.max(end)));
+            }
+            Action::Signal { peer, k } if peer < n && net(peer) => {
+                let data = match pending[peer].take() {
+                    None => None,
+                    Some((lo, hi)) => Some(Chunk {
+                        from: outbox_offset(me, peer, plan.slot, lo).ok_or_else(|| {
+                            bad(format!("a chunk at {lo} of rank {peer}'s scratch is outside rank {me}'s slots"))
+                        })?,
+                        to: lo,
+                        bytes: hi - lo,
+                    }),
+                };
+                out.push(Outgoing {
+                    peer,
+                    k: base[peer] + k,
+                    data,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the groups of every rank in lockstep on sets of contributing ranks per element:
+    /// every element of every rank ends with all ranks, and `last` marks exactly the reductions
+    /// that complete a chunk.
+    #[test]
+    #[allow(clippy::needless_range_loop)] // ranks and steps index several tables
+    fn ring_groups_reduce_everything_once() {
+        for n in 1..=6 {
+            for count in [0, 1, 5, 6, 7, 64, 1001] {
+                let groups: Vec<Vec<RingGroup>> = (0..n).map(|r| ring_groups(r, n, count)).collect();
+                let steps = if n > 1 { 2 * (n - 1) } else { 0 };
+                assert!(groups.iter().all(|g| g.len() == steps));
+                let mut have: Vec<Vec<u64>> = (0..n).map(|r| vec![1u64 << r; count]).collect();
+                for i in 0..steps {
+                    let sent: Vec<Vec<u64>> = (0..n)
+                        .map(|r| {
+                            let (o, l) = groups[r][i].send;
+                            have[r][o..o + l].to_vec()
+                        })
+                        .collect();
+                    for r in 0..n {
+                        let g = groups[r][i];
+                        let prev = (r + n - 1) % n;
+                        assert_eq!(g.recv.1, sent[prev].len(), "n {n} count {count}");
+                        for (j, &v) in sent[prev].iter().enumerate() {
+                            let x = &mut have[r][g.recv.0 + j];
+                            if g.reduce {
+                                assert_eq!(*x & v, 0, "a rank's value counted twice");
+                                *x |= v;
+                                assert_eq!(*x == (1u64 << n) - 1, g.last, "n {n} step {i}");
+                            } else {
+                                *x = v;
+                            }
+                        }
+                    }
+                }
+                if n > 1 {
+                    assert!(have.iter().flatten().all(|&x| x == (1u64 << n) - 1), "n {n} count {count}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,809 @@
+//! The network proxy: one thread per rank that carries the rank's signals (and the chunks they
+//! announce) to its network peers over a UCP worker, and publishes the peers' signals into the
+//! rank's memory. See the parent module for the protocol.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::ucp::{Context, EpId, ReqId, Started, Ucp, Worker};
+use super::NetMem;
+use crate::transport::ipc::Exchange;
+use crate::{Error, Result};
+
+/// The tag of every header (one worker per communicator, so one tag suffices).
+const TAG_HEADER: u64 = 0x1 << 60;
+/// The tag of a chunk: this kind, the source rank (20 bits) and the low 40 bits of its signal
+/// counter, so that each chunk matches the receive posted for it whatever the order in which
+/// its header was handled.
+const TAG_CHUNK: u64 = 0x2 << 60;
+/// Bytes of a message's header.
+pub const HEADER_BYTES: usize = 40;
+
+fn chunk_tag(src: usize, k: u64) -> u64 {
+    TAG_CHUNK | ((src as u64 & 0xf_ffff) << 40) | (k & 0xff_ffff_ffff)
+}
+const MAGIC: u32 = 0x5443_4e52;
+const KIND_SIGNAL: u32 = 1;
+const KIND_BYE: u32 = 2;
+/// What a failed proxy adds to every flag word, so that every wait of a stream is satisfied:
+/// `cuStreamWaitValue64`'s "greater or equal" is cyclic (`(i64)(flag - value) >= 0`), so the
+/// flag must move ahead by less than 2^63 (and far more than any call's signals).
+const RELEASE: u64 = 1 << 62;
+/// Receives kept posted.
+const POSTED_RECVS: usize = 8;
+/// Framing of a published worker address: magic, rank, nranks, address bytes.
+const ADDRESS_MAGIC: &[u8; 8] = b"RCCLUCX1";
+
+/// A chunk that a signal carries: `bytes` from this rank's outbox at `from` into the peer's
+/// scratch at `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Offset in this rank's outbox.
+    pub from: usize,
+    /// Offset in the peer's scratch.
+    pub to: usize,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+/// One signal this rank's stream will post to a network peer (its counter reaching `k`), and
+/// the chunk it announces, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The receiving rank.
+    pub peer: usize,
+    /// The pair's counter value once the stream has posted this signal.
+    pub k: u64,
+    /// The chunk that travels with it.
+    pub data: Option<Chunk>,
+}
+
+/// Settings of a proxy.
+#[derive(Clone, Debug)]
+pub struct NetOptions {
+    /// Longest a send may stay in flight, and longest the closing handshake may take.
+    pub timeout: Duration,
+    /// UCX settings applied over the environment (names without `UCX_`), e.g. `TLS=tcp`.
+    pub ucx: Vec<(String, String)>,
+}
+
+impl Default for NetOptions {
+    fn default() -> Self {
+        NetOptions {
+            timeout: Duration::from_secs(60),
+            ucx: Vec::new(),
+        }
+    }
+}
+
+/// What the proxy thread and its owner share.
+#[derive(Debug, Default)]
+struct Shared {
+    stop: AtomicBool,
+    failed: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl Shared {
+    fn fail(&self, e: Error) {
+        if let Ok(mut slot) = self.error.lock() {
+            slot.get_or_insert(e);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    fn error(&self) -> Option<Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        match self.error.lock() {
+            Ok(slot) => slot.clone(),
+            Err(_) => Some(Error::Internal {
+                reason: "the network proxy's error slot is poisoned".into(),
+            }),
+        }
+    }
+}
+
+/// A rank's network proxy: a thread with a UCP worker connected to every other rank.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use ringccl::internals::transport::net::{NetMem, proxy::{NetOptions, Proxy}};
+/// # fn run(exchange: &dyn ringccl::internals::transport::ipc::Exchange) -> Result<(), ringccl::Error> {
+/// // Rank 0 of 2, 1 MiB of scratch; `exchange` is the communicator's bootstrap.
+/// let mem = Arc::new(NetMem::new(2, 1 << 20)?);
+/// let proxy = Proxy::start(0, 2, mem, exchange, NetOptions::default())?;
+/// proxy.close()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Proxy {
+    rank: usize,
+    mem: Arc<NetMem>,
+    tx: Option<Sender<Vec<Outgoing>>>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn net(rank: usize, peer: Option<usize>, reason: String) -> Error {
+    Error::Network {
+        rank: Some(rank),
+        peer,
+        reason,
+    }
+}
+
+/// Adds rank and peer to an error of the UCP binding.
+fn located(e: Error, rank: usize, peer: Option<usize>) -> Error {
+    match e {
+        Error::Network { reason, .. } => net(rank, peer, reason),
+        e => e,
+    }
+}
+
+impl Proxy {
+    /// Creates rank `rank`'s worker, exchanges worker addresses with every rank through
+    /// `exchange` (collective), connects to every other rank and starts the proxy thread.
+    pub fn start(
+        rank: usize,
+        nranks: usize,
+        mem: Arc<NetMem>,
+        exchange: &dyn Exchange,
+        opts: NetOptions,
+    ) -> Result<Proxy> {
+        if rank >= nranks || mem.nranks() != nranks {
+            return Err(Error::Internal {
+                reason: format!(
+                    "a network proxy for rank {rank} of {nranks} over memory for {} ranks",
+                    mem.nranks()
+                ),
+            });
+        }
+        // Every rank takes part in the exchange, even one whose UCX failed (it sends an empty
+        // address), so that the others learn of the failure instead of waiting.
+        let local = Ucp::load().and_then(|ucp| {
+            let overrides: Vec<(&str, &str)> =
+                opts.ucx.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            let ctx = Context::new(ucp, &overrides)?;
+            let worker = Worker::new(&ctx)?;
+            let address = worker.address()?;
+            Ok((worker, address))
+        });
+        let mut blob = ADDRESS_MAGIC.to_vec();
+        blob.extend_from_slice(&(rank as u32).to_le_bytes());
+        blob.extend_from_slice(&(nranks as u32).to_le_bytes());
+        if let Ok((_, address)) = &local {
+            blob.extend_from_slice(address);
+        }
+        let all = exchange.all_gather(&blob)?;
+        let (mut worker, _) = local.map_err(|e| located(e, rank, None))?;
+        if all.len() != nranks {
+            return Err(net(rank, None, format!("{} addresses for {nranks} ranks", all.len())));
+        }
+        let mut eps = Vec::with_capacity(nranks);
+        for (q, b) in all.iter().enumerate() {
+            let head = ADDRESS_MAGIC.len() + 8;
+            let framed = b.len() > head
+                && &b[..ADDRESS_MAGIC.len()] == ADDRESS_MAGIC
+                && b[8..12] == (q as u32).to_le_bytes()
+                && b[12..16] == (nranks as u32).to_le_bytes();
+            if !framed {
+                return Err(net(
+                    rank,
+                    Some(q),
+                    format!(
+                        "rank {q} published no usable UCX worker address ({} bytes): its UCX \
+                         failed to start, or it is not a ringccl rank of this world",
+                        b.len()
+                    ),
+                ));
+            }
+            if q == rank {
+                eps.push(None);
+                continue;
+            }
+            // SAFETY: the bytes after the framing are what rank `q`'s `Worker::address`
+            // returned (checked framing from the communicator's own bootstrap).
+            let ep = unsafe { worker.connect(&b[head..]) }.map_err(|e| located(e, rank, Some(q)))?;
+            eps.push(Some(ep));
+        }
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = channel();
+        let mut run = Run::new(rank, mem.clone(), worker, eps, rx, shared.clone(), opts.timeout);
+        let thread = std::thread::Builder::new()
+            .name(format!("ringccl-net-{rank}"))
+            .spawn(move || {
+                let shared = run.shared.clone();
+                if let Err(e) = run.main() {
+                    shared.fail(e);
+                    // Release every stream waiting on a peer (a GPU stream cannot be
+                    // interrupted otherwise); the failure is reported to the host instead.
+                    for q in 0..run.mem.nranks() {
+                        if let Some(w) = run.mem.flag(q) {
+                            w.fetch_add(RELEASE, Ordering::AcqRel);
+                        }
+                    }
+                }
+                // The worker (and its endpoints) are released here, in this thread.
+                drop(run);
+            })
+            .map_err(|e| net(rank, None, format!("cannot start the proxy thread: {e}")))?;
+        Ok(Proxy {
+            rank,
+            mem,
+            tx: Some(tx),
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The memory this proxy serves.
+    pub fn mem(&self) -> &Arc<NetMem> {
+        &self.mem
+    }
+
+    /// Hands the proxy the signals the stream will post next, in the order it posts them per
+    /// peer (counters consecutive per peer). Call before the stream can post them.
+    pub fn post(&self, program: Vec<Outgoing>) -> Result<()> {
+        if let Some(e) = self.shared.error() {
+            return Err(e);
+        }
+        let tx = self.tx.as_ref().ok_or_else(|| net(self.rank, None, "the proxy is closed".into()))?;
+        tx.send(program).map_err(|_| match self.shared.error() {
+            Some(e) => e,
+            None => net(self.rank, None, "the proxy thread has ended".into()),
+        })
+    }
+
+    /// The proxy's failure, if it failed (it stops at its first failure).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub fn error(&self) -> Option<Error> {
+        self.shared.error()
+    }
+
+    /// Waits until `peer`'s counter in this rank's memory reaches `k`, for at most `timeout`:
+    /// the host-side wait of a rank whose "stream" is host code. Errors at once if the proxy
+    /// failed.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub fn wait(&self, peer: usize, k: u64, timeout: Duration) -> Result<()> {
+        let word = self
+            .mem
+            .flag(peer)
+            .ok_or_else(|| net(self.rank, Some(peer), "no such peer".into()))?;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while word.load(Ordering::Acquire) < k {
+            if let Some(e) = self.shared.error() {
+                return Err(e);
+            }
+            if start.elapsed() > timeout {
+                return Err(net(
+                    self.rank,
+                    Some(peer),
+                    format!(
+                        "waited {timeout:?} for signal {k} from rank {peer} (at {})",
+                        word.load(Ordering::Acquire)
+                    ),
+                ));
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        // A failed proxy releases the waits (flags raised by `RELEASE`): that is its error.
+        match self.shared.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the proxy after it has sent every signal posted so far and every rank has said
+    /// goodbye (collective: every rank closes), within the timeout; returns the proxy's failure,
+    /// if any.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub fn close(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.shared.stop.store(true, Ordering::Release);
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                return Err(Error::Internal {
+                    reason: "the network proxy thread panicked".into(),
+                });
+            }
+        }
+        match self.shared.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Errors here are the proxy's own failure, already reported to callers of `wait`/`post`.
+        let _ = self.finish();
+    }
+}
+
+/// A message in flight, with the buffer UCX reads from (empty for a chunk sent from the
+/// outbox).
+struct InFlight {
+    req: ReqId,
+    peer: usize,
+    since: Instant,
+    _buf: Vec<u8>,
+}
+
+/// A chunk being received into the scratch: from `src`, for signal `k`.
+struct Incoming {
+    req: ReqId,
+    src: usize,
+    k: u64,
+    bytes: usize,
+}
+
+/// The proxy thread's state. `worker` comes first: it is dropped (cancelling and releasing its
+/// requests) before the buffers they use.
+struct Run {
+    worker: Worker,
+    rank: usize,
+    mem: Arc<NetMem>,
+    eps: Vec<Option<EpId>>,
+    rx: Receiver<Vec<Outgoing>>,
+    shared: Arc<Shared>,
+    timeout: Duration,
+    queues: Vec<VecDeque<Outgoing>>,
+    /// Last counter value sent to each peer.
+    sent: Vec<u64>,
+    /// Signals from each peer above the published one whose header has arrived.
+    seen: Vec<BTreeSet<u64>>,
+    /// Of those, the ones complete (their chunk, if any, is in the scratch).
+    arrived: Vec<BTreeSet<u64>>,
+    bye: Vec<bool>,
+    sends: Vec<InFlight>,
+    /// Header receive buffers and the request each is posted with.
+    recvs: Vec<(Vec<u8>, Option<ReqId>)>,
+    /// Chunks being received.
+    incoming: Vec<Incoming>,
+    /// No more programs will come.
+    closed: bool,
+    bye_sent: bool,
+}
+
+impl Run {
+    fn new(
+        rank: usize,
+        mem: Arc<NetMem>,
+        worker: Worker,
+        eps: Vec<Option<EpId>>,
+        rx: Receiver<Vec<Outgoing>>,
+        shared: Arc<Shared>,
+        timeout: Duration,
+    ) -> Run {
+        let n = eps.len();
+        Run {
+            worker,
+            rank,
+            mem,
+            eps,
+            rx,
+            shared,
+            timeout,
+            queues: vec![VecDeque::new(); n],
+            sent: vec![0; n],
+            seen: vec![BTreeSet::new(); n],
+            arrived: vec![BTreeSet::new(); n],
+            bye: vec![false; n],
+            sends: Vec::new(),
+            recvs: (0..POSTED_RECVS).map(|_| (vec![0u8; HEADER_BYTES], None)).collect(),
+            incoming: Vec::new(),
+            closed: false,
+            bye_sent: false,
+        }
+    }
+
+    fn err(&self, peer: Option<usize>, reason: String) -> Error {
+        net(self.rank, peer, reason)
+    }
+
+    fn main(&mut self) -> Result<()> {
+        for i in 0..self.recvs.len() {
+            self.post_recv(i)?;
+        }
+        let mut idle = 0u32;
+        let mut closing: Option<Instant> = None;
+        loop {
+            let mut busy = self.take_programs()?;
+            busy |= self.send_ready()?;
+            busy |= self.worker.progress();
+            busy |= self.poll_sends()?;
+            busy |= self.poll_recvs()?;
+            busy |= self.poll_incoming()?;
+            self.check_endpoints()?;
+            if self.closed || self.shared.stop.load(Ordering::Acquire) {
+                self.closed = true;
+                let start = *closing.get_or_insert_with(Instant::now);
+                let drained = self.queues.iter().all(VecDeque::is_empty) && self.sends.is_empty();
+                if drained && !self.sent_bye() {
+                    self.send_bye()?;
+                }
+                let everyone = (0..self.eps.len()).all(|q| q == self.rank || self.bye[q]);
+                if drained && self.sends.is_empty() && self.incoming.is_empty() && everyone {
+                    return Ok(());
+                }
+                if start.elapsed() > self.timeout {
+                    let unsent: usize = self.queues.iter().map(VecDeque::len).sum();
+                    let missing: Vec<usize> = (0..self.eps.len())
+                        .filter(|&q| q != self.rank && !self.bye[q])
+                        .collect();
+                    return Err(self.err(
+                        None,
+                        format!(
+                            "closing took over {:?}: {unsent} signal(s) never posted by this \
+                             rank's stream, {} send(s) in flight, no goodbye from rank(s) \
+                             {missing:?}",
+                            self.timeout,
+                            self.sends.len()
+                        ),
+                    ));
+                }
+            }
+            if busy {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                if idle > 2000 {
+                    std::thread::sleep(Duration::from_micros(20));
+                } else if idle > 100 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn sent_bye(&self) -> bool {
+        self.bye_sent
+    }
+
+    fn send_bye(&mut self) -> Result<()> {
+        for q in 0..self.eps.len() {
+            if q == self.rank {
+                continue;
+            }
+            match self.send(q, header(KIND_BYE, self.rank, 0, 0, 0)) {
+                // A peer that said goodbye may be gone already.
+                Err(_) if self.bye[q] => {}
+                r => r?,
+            }
+        }
+        self.bye_sent = true;
+        Ok(())
+    }
+
+    fn take_programs(&mut self) -> Result<bool> {
+        let mut any = false;
+        loop {
+            match self.rx.try_recv() {
+                Ok(program) => {
+                    any = true;
+                    for o in program {
+                        let q = self.queues.get_mut(o.peer).filter(|_| o.peer != self.rank);
+                        let Some(q) = q else {
+                            return Err(Error::Internal {
+                                reason: format!("a network signal to rank {}", o.peer),
+                            });
+                        };
+                        q.push_back(o);
+                    }
+                }
+                Err(TryRecvError::Empty) => return Ok(any),
+                Err(TryRecvError::Disconnected) => {
+                    self.closed = true;
+                    return Ok(any);
+                }
+            }
+        }
+    }
+
+    /// Sends every queued signal whose counter the stream has reached.
+    fn send_ready(&mut self) -> Result<bool> {
+        let mut any = false;
+        let mem = self.mem.clone();
+        for q in 0..self.queues.len() {
+            let Some(posted) = mem.posted(q) else {
+                continue;
+            };
+            while let Some(&o) = self.queues[q].front() {
+                if posted.load(Ordering::Acquire) < o.k {
+                    break;
+                }
+                if o.k != self.sent[q] + 1 {
+                    return Err(Error::Internal {
+                        reason: format!(
+                            "network signal {} to rank {q} after {}: not consecutive",
+                            o.k, self.sent[q]
+                        ),
+                    });
+                }
+                self.queues[q].pop_front();
+                let (to, bytes) = o.data.map_or((0, 0), |c| (c.to, c.bytes));
+                self.send(q, header(KIND_SIGNAL, self.rank, o.k, to, bytes))?;
+                if let Some(c) = o.data.filter(|c| c.bytes > 0) {
+                    let src = mem.outbox_range(c.from, c.bytes).ok_or_else(|| Error::Internal {
+                        reason: format!("outbox range {}+{} of a network chunk", c.from, c.bytes),
+                    })?;
+                    // SAFETY: in bounds (checked), inside `mem`, which outlives the worker (an
+                    // `Arc` held by this `Run` and by the `Proxy`, which joins this thread
+                    // first). The stream wrote these bytes before posting the counter read above
+                    // (acquire) and rewrites them only after the peer has consumed the chunk,
+                    // that is, after this send has delivered them.
+                    let started = unsafe { self.worker.send(self.ep(q)?, src, c.bytes, chunk_tag(self.rank, o.k)) }
+                        .map_err(|e| located(e, self.rank, Some(q)))?;
+                    self.track(q, started, Vec::new());
+                }
+                self.sent[q] = o.k;
+                any = true;
+            }
+        }
+        Ok(any)
+    }
+
+    fn ep(&self, q: usize) -> Result<EpId> {
+        self.eps
+            .get(q)
+            .copied()
+            .flatten()
+            .ok_or_else(|| self.err(Some(q), "no endpoint".into()))
+    }
+
+    /// Sends a header.
+    fn send(&mut self, q: usize, buf: Vec<u8>) -> Result<()> {
+        let ep = self.ep(q)?;
+        // SAFETY: `buf` (a heap block that does not move with the `Vec`) lives in `self.sends`
+        // until the request completes; `Run` drops `worker` (which cancels and releases its
+        // requests) before `sends` (field order).
+        let started = unsafe { self.worker.send(ep, buf.as_ptr(), buf.len(), TAG_HEADER) }
+            .map_err(|e| located(e, self.rank, Some(q)))?;
+        self.track(q, started, buf);
+        Ok(())
+    }
+
+    fn track(&mut self, q: usize, started: Started, buf: Vec<u8>) {
+        if let Started::Pending(req) = started {
+            self.sends.push(InFlight {
+                req,
+                peer: q,
+                since: Instant::now(),
+                _buf: buf,
+            });
+        }
+    }
+
+    fn poll_sends(&mut self) -> Result<bool> {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.sends.len() {
+            let (req, peer, since) = (self.sends[i].req, self.sends[i].peer, self.sends[i].since);
+            match self.worker.poll(req) {
+                Ok(Some(_)) => {
+                    self.sends.swap_remove(i);
+                    any = true;
+                }
+                Ok(None) => {
+                    if since.elapsed() > self.timeout {
+                        return Err(self.err(
+                            Some(peer),
+                            format!("a send to rank {peer} did not complete in {:?}", self.timeout),
+                        ));
+                    }
+                    i += 1;
+                }
+                // A peer that said goodbye needs nothing more from this rank and may be gone.
+                Err(Error::Network { .. }) if self.bye[peer] => {
+                    self.sends.swap_remove(i);
+                }
+                Err(Error::Network { reason, .. }) => {
+                    return Err(self.err(Some(peer), format!("sending to rank {peer}: {reason}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(any)
+    }
+
+    fn post_recv(&mut self, i: usize) -> Result<()> {
+        loop {
+            let (ptr, len) = (self.recvs[i].0.as_mut_ptr(), self.recvs[i].0.len());
+            // SAFETY: the buffer is owned by `self.recvs[i]`, never resized, and not touched
+            // until the request completes; on drop the worker cancels it first.
+            let started = unsafe { self.worker.recv(ptr, len, TAG_HEADER, u64::MAX) }
+                .map_err(|e| located(e, self.rank, None))?;
+            match started {
+                Started::Pending(req) => {
+                    self.recvs[i].1 = Some(req);
+                    return Ok(());
+                }
+                Started::Done => self.deliver(i)?,
+            }
+        }
+    }
+
+    fn poll_recvs(&mut self) -> Result<bool> {
+        let mut any = false;
+        for i in 0..self.recvs.len() {
+            let Some(req) = self.recvs[i].1 else {
+                continue;
+            };
+            match self.worker.poll(req) {
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    self.recvs[i].1 = None;
+                    self.deliver(i)?;
+                    self.post_recv(i)?;
+                    any = true;
+                }
+                Err(e) => {
+                    self.recvs[i].1 = None;
+                    return Err(located(e, self.rank, None));
+                }
+            }
+        }
+        Ok(any)
+    }
+
+    /// Handles the message in receive buffer `i`.
+    fn deliver(&mut self, i: usize) -> Result<()> {
+        let h = Header::parse(&self.recvs[i].0).ok_or_else(|| self.err(None, "a malformed message".into()))?;
+        let n = self.eps.len();
+        if h.src >= n || h.src == self.rank {
+            return Err(self.err(None, format!("a message from rank {} of {n}", h.src)));
+        }
+        let q = h.src;
+        match h.kind {
+            KIND_BYE => {
+                self.bye[q] = true;
+                return Ok(());
+            }
+            KIND_SIGNAL => {}
+            k => return Err(self.err(Some(q), format!("a message of kind {k}"))),
+        }
+        let flag = self.mem.flag(q).ok_or_else(|| self.err(Some(q), "no flag word".into()))?;
+        if h.k <= flag.load(Ordering::Relaxed) || !self.seen[q].insert(h.k) {
+            return Err(self.err(Some(q), format!("signal {} from rank {q} twice", h.k)));
+        }
+        if h.bytes == 0 {
+            return self.complete(q, h.k);
+        }
+        let dst = self.mem.scratch_range(h.to, h.bytes).ok_or_else(|| {
+            self.err(Some(q), format!("a chunk for scratch {}+{}", h.to, h.bytes))
+        })?;
+        // SAFETY: in bounds (checked), inside `mem`, which outlives the worker (see
+        // `send_ready`); this rank's stream reads the slot only after the counter says the chunk
+        // is there, and the peer sends a chunk into a slot only after this rank consumed the
+        // slot's previous chunk.
+        let started = unsafe { self.worker.recv(dst, h.bytes, chunk_tag(q, h.k), u64::MAX) }
+            .map_err(|e| located(e, self.rank, Some(q)))?;
+        match started {
+            Started::Done => self.complete(q, h.k),
+            Started::Pending(req) => {
+                self.incoming.push(Incoming {
+                    req,
+                    src: q,
+                    k: h.k,
+                    bytes: h.bytes,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn poll_incoming(&mut self) -> Result<bool> {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let Incoming { req, src, k, bytes } = self.incoming[i];
+            match self.worker.poll(req) {
+                Ok(None) => i += 1,
+                Ok(Some(got)) => {
+                    self.incoming.swap_remove(i);
+                    if got != bytes {
+                        return Err(self.err(
+                            Some(src),
+                            format!("chunk {k} from rank {src}: {got} bytes, not {bytes}"),
+                        ));
+                    }
+                    self.complete(src, k)?;
+                    any = true;
+                }
+                Err(Error::Network { reason, .. }) => {
+                    return Err(self.err(Some(src), format!("receiving from rank {src}: {reason}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(any)
+    }
+
+    /// Signal `k` from `q` is complete: publishes `q`'s counter as far as it is contiguous
+    /// (a later signal can complete first).
+    fn complete(&mut self, q: usize, k: u64) -> Result<()> {
+        self.arrived[q].insert(k);
+        let flag = self.mem.flag(q).ok_or_else(|| self.err(Some(q), "no flag word".into()))?;
+        let published = flag.load(Ordering::Relaxed);
+        let mut at = published;
+        while self.arrived[q].remove(&(at + 1)) {
+            self.seen[q].remove(&(at + 1));
+            at += 1;
+        }
+        if at > published {
+            flag.store(at, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn check_endpoints(&self) -> Result<()> {
+        for (q, ep) in self.eps.iter().enumerate() {
+            let Some(ep) = ep else { continue };
+            if self.bye[q] {
+                continue;
+            }
+            if let Some(text) = self.worker.ep_error(*ep) {
+                return Err(self.err(
+                    Some(q),
+                    format!("lost the connection to rank {q} ({text}): the peer died or is unreachable"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A parsed message header.
+struct Header {
+    kind: u32,
+    src: usize,
+    k: u64,
+    to: usize,
+    bytes: usize,
+}
+
+impl Header {
+    fn parse(b: &[u8]) -> Option<Header> {
+        let u32_at = |i: usize| Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let u64_at = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        if u32_at(0)? != MAGIC {
+            return None;
+        }
+        Some(Header {
+            kind: u32_at(4)?,
+            src: u32_at(8)? as usize,
+            k: u64_at(16)?,
+            to: usize::try_from(u64_at(24)?).ok()?,
+            bytes: usize::try_from(u64_at(32)?).ok()?,
+        })
+    }
+}
+
+fn header(kind: u32, src: usize, k: u64, to: usize, bytes: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER_BYTES + bytes);
+    v.extend_from_slice(&MAGIC.to_le_bytes());
+    v.extend_from_slice(&kind.to_le_bytes());
+    v.extend_from_slice(&(src as u32).to_le_bytes());
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v.extend_from_slice(&k.to_le_bytes());
+    v.extend_from_slice(&(to as u64).to_le_bytes());
+    v.extend_from_slice(&(bytes as u64).to_le_bytes());
+    v
+}
