@@ -191,7 +191,14 @@ impl Handle {
             return Ok(NCCL_IN_PROGRESS);
         }
         match &*st {
-            State::Ready(_) | State::Finalized(_) => Ok(NCCL_SUCCESS),
+            State::Ready(m) | State::Finalized(m) => match m.world.comm.async_error() {
+                // A failure of the communicator's work (a timeout, a device fault, an abort).
+                Some(e) => {
+                    crate::error::set_last(&e.to_string());
+                    Ok(crate::error::code_of(&e))
+                }
+                None => Ok(NCCL_SUCCESS),
+            },
             State::Failed(f) => {
                 crate::error::set_last(&f.message);
                 Ok(f.code)
@@ -218,6 +225,25 @@ impl Handle {
         m.world.comm.synchronize().map_err(Fail::from)?;
         *self.lock() = State::Finalized(m);
         Ok(())
+    }
+
+    /// `ncclCommAbort`: cancels the communicator's pending and future work on every rank it
+    /// holds (`ringccl::Communicator::abort`: device waits released, bounded), then destroys
+    /// this rank's share.
+    pub fn abort(&self) -> Result<()> {
+        let world = {
+            let mut st = self.lock();
+            Self::settle(&mut st, true);
+            match &*st {
+                State::Ready(m) | State::Finalized(m) => Some(m.world.clone()),
+                _ => None,
+            }
+        };
+        if let Some(w) = world {
+            // Best effort: whatever it reports, the share is destroyed next.
+            let _ = w.comm.abort();
+        }
+        self.destroy()
     }
 
     /// `ncclCommDestroy`/`ncclCommAbort`: drops this rank's share of the world (the last

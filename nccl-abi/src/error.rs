@@ -74,6 +74,10 @@ pub fn code_of(e: &ringccl::Error) -> ncclResult_t {
             BootstrapFailure::Network | BootstrapFailure::Timeout => NCCL_SYSTEM_ERROR,
             _ => NCCL_INVALID_USAGE,
         },
+        // A peer that never arrived or a link that failed: NCCL's "remote process exited or
+        // there was a network error".
+        Error::Timeout { .. } | Error::Network { .. } => NCCL_REMOTE_ERROR,
+        Error::Aborted { .. } => NCCL_INVALID_USAGE,
         _ => NCCL_INTERNAL_ERROR,
     }
 }

@@ -565,8 +565,9 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
     guard("ncclCommDestroy", || Handle::from_ptr(comm)?.destroy())
 }
 
-/// `ncclCommAbort`: as [`ncclCommDestroy`] (ringccl's resources are freed after the rank's
-/// last work ends).
+/// `ncclCommAbort`: cancels the communicator's pending and future work (ringccl's
+/// `Communicator::abort`: device waits released, bounded by the timeout), then as
+/// [`ncclCommDestroy`].
 ///
 /// ```
 /// use ringccl_nccl::*;
@@ -576,11 +577,12 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclCommAbort", || Handle::from_ptr(comm)?.destroy())
+    guard("ncclCommAbort", || Handle::from_ptr(comm)?.abort())
 }
 
 /// `ncclCommGetAsyncError`: `ncclInProgress` while a non-blocking initialisation runs, its
-/// error if it failed, else `ncclSuccess`.
+/// error if it failed, the first failure of the communicator's work (a timeout, a device
+/// fault, an abort: ringccl's `Communicator::async_error`), else `ncclSuccess`.
 ///
 /// # Safety
 ///
