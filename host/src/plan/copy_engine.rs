@@ -281,15 +281,29 @@ fn finish(n: usize, slot_elems: usize, slots: usize, mut ops: Vec<CeOp>) -> CePl
     }
 }
 
-/// A plan of independent copies `(rank, src, dst, elems)`, each on its rank's copy lane (no
-/// slots, no reductions): the collectives that only move data.
+/// The rank whose memory `loc` is.
+fn owner(loc: Loc) -> usize {
+    match loc {
+        Loc::Send { rank, .. } | Loc::Recv { rank, .. } | Loc::Slot { rank, .. } => rank,
+    }
+}
+
+/// A plan of independent copies `(rank, src, dst, elems)` (no slots, no reductions): the
+/// collectives that only move data. A copy to another rank goes on the copy lane; a copy
+/// within the rank on the compute lane, so that it runs beside the peer copies instead of
+/// before or after them (measured: out-of-place all-gather at 1 GiB on 2 × H200, 320 GB/s with
+/// the local copy on the copy lane, 387 in place without it).
 fn copies(n: usize, list: impl IntoIterator<Item = (usize, Loc, Loc, usize)>) -> CePlan {
     let ops = list
         .into_iter()
         .filter(|&(_, src, dst, elems)| elems > 0 && src != dst)
         .map(|(rank, src, dst, elems)| CeOp {
             rank,
-            lane: Lane::Copy,
+            lane: if owner(src) == owner(dst) {
+                Lane::Compute
+            } else {
+                Lane::Copy
+            },
             work: Work::Copy { src, dst, elems },
             waits: Vec::new(),
         })
@@ -517,6 +531,13 @@ mod tests {
                         let a = i / count;
                         assert_eq!(*v, inputs[a][b * count + i % count], "all_to_all n {n}");
                     }
+                }
+            }
+            // Copies within a rank run on its compute lane, beside the peer copies.
+            for o in &all_gather(n, count, false).ops {
+                if let Work::Copy { src, dst, .. } = o.work {
+                    let local = owner(src) == owner(dst);
+                    assert_eq!(o.lane == Lane::Compute, local, "{o:?}");
                 }
             }
             // In place: the own block is not copied.
