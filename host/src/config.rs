@@ -8,6 +8,7 @@
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
 //! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
+//! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 67108864 | smallest all-gather, broadcast or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -167,6 +168,11 @@ pub struct Config {
     /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
     /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
     pub ce_min_bytes: Option<usize>,
+    /// All-gathers, broadcasts and all-to-alls of at least this many bytes (the larger of a
+    /// rank's buffers) run on the copy engines (when they can), or `None` for never unless
+    /// forced. The default, 64 MiB, is where all three beat the SM ring on 2 × H200
+    /// (`docs/perf/README.md`).
+    pub ce_copies_min_bytes: Option<usize>,
     /// Most bytes one ring step moves, or `None` for the size-dependent default.
     pub chunk_bytes: Option<usize>,
     /// Most blocks of a step that reads or writes a peer's memory in one direction.
@@ -197,6 +203,9 @@ pub const DEFAULT_TIMEOUT_S: u64 = 600;
 /// Default of [`Config::ce_min_bytes`].
 pub const DEFAULT_CE_MIN_BYTES: usize = 128 << 20;
 
+/// Default of [`Config::ce_copies_min_bytes`].
+pub const DEFAULT_CE_COPIES_MIN_BYTES: usize = 64 << 20;
+
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
 
@@ -208,6 +217,7 @@ impl Default for Config {
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
+            ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
             chunk_bytes: None,
             peer_blocks: DEFAULT_PEER_BLOCKS,
             peer_duplex_blocks: None,
@@ -220,7 +230,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 12] = [
+pub const ENV_VARS: [&str; 13] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -233,6 +243,7 @@ pub const ENV_VARS: [&str; 12] = [
     "RINGCCL_CE_MIN_BYTES",
     "RINGCCL_TIMEOUT",
     "RINGCCL_NET",
+    "RINGCCL_CE_COPIES_MIN_BYTES",
 ];
 
 impl Config {
@@ -292,7 +303,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies] =
             ENV_VARS;
         if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
             c.p2p_disable = v;
@@ -305,6 +316,9 @@ impl Config {
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
             c.ce_min_bytes = Some(v);
+        }
+        if let Some(v) = parse(ce_copies, get(ce_copies)?, |s| parse_bytes(s, true))? {
+            c.ce_copies_min_bytes = Some(v);
         }
         if let Some(v) = parse(peer, get(peer)?, parse_blocks)? {
             c.peer_blocks = v;
@@ -461,6 +475,9 @@ mod tests {
     #[test]
     fn copy_engine_threshold_and_algorithm() {
         assert_eq!(from(&[]).unwrap().ce_min_bytes, Some(128 << 20));
+        assert_eq!(from(&[]).unwrap().ce_copies_min_bytes, Some(64 << 20));
+        let c = from(&[("RINGCCL_CE_COPIES_MIN_BYTES", "16M")]).unwrap();
+        assert_eq!(c.ce_copies_min_bytes, Some(16 << 20));
         let c = from(&[("RINGCCL_CE_MIN_BYTES", "1G"), ("RINGCCL_ALGO", "CE")]).unwrap();
         assert_eq!(
             (c.ce_min_bytes, c.algorithm),

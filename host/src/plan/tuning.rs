@@ -128,13 +128,14 @@ pub fn all_reduce_algorithm(
 /// Whether an all-gather, broadcast or all-to-all of `bytes` bytes (the larger of a rank's
 /// buffers) runs on the copy engines: where possible (`ce_possible`: one process, direct peer
 /// access between every pair, not under CUDA-graph capture), when [`Config::algorithm`] forces
-/// [`Algorithm::CopyEngine`] or from [`Config::ce_min_bytes`].
+/// [`Algorithm::CopyEngine`] or from [`Config::ce_copies_min_bytes`].
 ///
 /// ```
 /// use ringccl::internals::plan::tuning::copies_on_copy_engines;
 /// use ringccl::Config;
 /// let c = Config::default();
 /// assert!(copies_on_copy_engines(1 << 30, true, &c));
+/// assert!(copies_on_copy_engines(64 << 20, true, &c));
 /// assert!(!copies_on_copy_engines(1 << 20, true, &c));
 /// assert!(!copies_on_copy_engines(1 << 30, false, &c));
 /// ```
@@ -142,7 +143,7 @@ pub fn copies_on_copy_engines(bytes: usize, ce_possible: bool, config: &Config) 
     ce_possible
         && match config.algorithm {
             Some(a) => a == Algorithm::CopyEngine,
-            None => config.ce_min_bytes.is_some_and(|m| bytes >= m),
+            None => config.ce_copies_min_bytes.is_some_and(|m| bytes >= m),
         }
 }
 
