@@ -8,6 +8,7 @@
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
 //! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
+//! | `RINGCCL_CHECK_CALLS` | [`check_calls`](Config::check_calls) | `0` | `1`: in a job of processes, every call first checks (over TCP) that every rank makes the same call; a mismatch fails the call on every rank, naming the rank |
 //! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 67108864 | smallest all-gather, broadcast or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
@@ -173,6 +174,11 @@ pub struct Config {
     /// forced. The default, 64 MiB, is where all three beat the SM ring on 2 × H200
     /// (`docs/perf/README.md`).
     pub ce_copies_min_bytes: Option<usize>,
+    /// In a job of processes, check before each call that every rank makes the same call
+    /// (same collective, type, op, count and root; point-to-point sends and receives that pair
+    /// up): one all-gather over the bootstrap connections per call (see
+    /// `ringccl::internals::api::check`).
+    pub check_calls: bool,
     /// Most bytes one ring step moves, or `None` for the size-dependent default.
     pub chunk_bytes: Option<usize>,
     /// Most blocks of a step that reads or writes a peer's memory in one direction.
@@ -218,6 +224,7 @@ impl Default for Config {
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
+            check_calls: false,
             chunk_bytes: None,
             peer_blocks: DEFAULT_PEER_BLOCKS,
             peer_duplex_blocks: None,
@@ -230,7 +237,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 13] = [
+pub const ENV_VARS: [&str; 14] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -244,6 +251,7 @@ pub const ENV_VARS: [&str; 13] = [
     "RINGCCL_TIMEOUT",
     "RINGCCL_NET",
     "RINGCCL_CE_COPIES_MIN_BYTES",
+    "RINGCCL_CHECK_CALLS",
 ];
 
 impl Config {
@@ -303,8 +311,11 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check] =
             ENV_VARS;
+        if let Some(v) = parse(check, get(check)?, parse_bool)? {
+            c.check_calls = v;
+        }
         if let Some(v) = parse(p2p, get(p2p)?, parse_bool)? {
             c.p2p_disable = v;
         }
@@ -476,6 +487,9 @@ mod tests {
     fn copy_engine_threshold_and_algorithm() {
         assert_eq!(from(&[]).unwrap().ce_min_bytes, Some(128 << 20));
         assert_eq!(from(&[]).unwrap().ce_copies_min_bytes, Some(64 << 20));
+        assert!(!from(&[]).unwrap().check_calls);
+        assert!(from(&[("RINGCCL_CHECK_CALLS", "1")]).unwrap().check_calls);
+        assert!(from(&[("RINGCCL_CHECK_CALLS", "maybe")]).is_err());
         let c = from(&[("RINGCCL_CE_COPIES_MIN_BYTES", "16M")]).unwrap();
         assert_eq!(c.ce_copies_min_bytes, Some(16 << 20));
         let c = from(&[("RINGCCL_CE_MIN_BYTES", "1G"), ("RINGCCL_ALGO", "CE")]).unwrap();

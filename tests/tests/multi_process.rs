@@ -609,3 +609,130 @@ fn peer_ops_in_one_process() {
     println!("peer_ops in one process: 2 transfers of {c} elements, {bad} wrong elements");
     assert_eq!(bad, 0);
 }
+
+/// One rank of `mismatched_calls_fail_on_every_rank` (with `RINGCCL_CHECK_CALLS=1` in its
+/// environment): a call whose count differs from the peer's, and a point-to-point group whose
+/// byte counts do not pair up, each fail before anything is enqueued, naming the other rank;
+/// matching calls afterwards work.
+#[test]
+#[ignore = "needs a CUDA GPU; started by mismatched_calls_fail_on_every_rank as each rank"]
+fn rank_with_a_mismatched_call() {
+    let (Ok(text), Ok(rank)) = (std::env::var(ENV_ID), std::env::var(ENV_RANK)) else {
+        // Started alone: a job of one rank with the check on runs its calls.
+        let id = UniqueId::new().expect("a unique id");
+        let mut config = ringccl::Config::from_env().expect("config");
+        config.check_calls = true;
+        let comm = Communicator::init_rank_with_config(1, &id, 0, 0, config).expect("init_rank");
+        let job = Job {
+            comm,
+            rank: 0,
+            n: 1,
+        };
+        let mut b = job.up(&inputs::<f32>(0, 100));
+        job.comm
+            .all_reduce(
+                &mut [Io::in_place(&mut b)],
+                100,
+                RedOp::Sum,
+                &[job.stream()],
+            )
+            .expect("an all-reduce with the check on");
+        let got = job.down(&b);
+        assert_eq!(
+            check("one rank, checked", &got, |i| input(0, i) as f64, 0..100),
+            0
+        );
+        return;
+    };
+    let id: UniqueId = text.parse().expect("a unique id in the environment");
+    let rank: usize = rank.parse().expect("rank");
+    let comm = Communicator::init_rank(2, &id, rank, rank).expect("init_rank");
+    assert!(comm.config().check_calls, "RINGCCL_CHECK_CALLS=1 expected");
+    let job = Job { comm, rank, n: 2 };
+    let s = [job.stream()];
+    let other = 1 - rank;
+    // A collective with a different count on each rank.
+    let mut b = job.up(&inputs::<f32>(rank, 101));
+    let e = job
+        .comm
+        .all_reduce(&mut [Io::in_place(&mut b)], 100 + rank, RedOp::Sum, &s)
+        .expect_err("the counts differ");
+    println!("rank {rank}: {e}");
+    assert_eq!(e.rank(), Some(other), "{e}");
+    assert!(e.to_string().contains("calls differ"), "{e}");
+    // A point-to-point group where rank 1 expects more than rank 0 sends.
+    let a = job.up(&inputs::<f32>(rank, 64));
+    let mut r = job.zeros::<f32>(64);
+    let mut ops = [
+        PeerOp::send(rank, other, &a, 32),
+        PeerOp::recv(rank, other, &mut r, 32 + 8 * rank),
+    ];
+    let e = job
+        .comm
+        .peer_ops(&mut ops, &s)
+        .expect_err("the byte counts differ");
+    println!("rank {rank}: {e}");
+    assert!(e.to_string().contains("bytes"), "{e}");
+    // Nothing was enqueued: matching calls work.
+    let mut b = job.up(&inputs::<f32>(rank, 100));
+    job.comm
+        .all_reduce(&mut [Io::in_place(&mut b)], 100, RedOp::Sum, &s)
+        .expect("a matching all-reduce");
+    let got = job.down(&b);
+    let bad = check(
+        "all_reduce after the mismatch",
+        &got,
+        |i| reduce_at(RedOp::Sum, 2, i, true),
+        0..100,
+    );
+    assert_eq!(bad, 0);
+    println!("rank {rank}: mismatches refused, the next call correct");
+}
+
+/// Two processes with `RINGCCL_CHECK_CALLS=1`, each running `rank_with_a_mismatched_call`.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn mismatched_calls_fail_on_every_rank() {
+    let id = UniqueId::new().expect("a unique id");
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut children: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(&exe)
+                .args([
+                    "rank_with_a_mismatched_call",
+                    "--exact",
+                    "--include-ignored",
+                    "--nocapture",
+                ])
+                .env(ENV_ID, id.to_string())
+                .env(ENV_RANK, r.to_string())
+                .env("RINGCCL_CHECK_CALLS", "1")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn a rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut status = [None, None];
+    while status.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (r, child) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                status[r] = child.try_wait().expect("wait for a rank");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (r, child) in children.iter_mut().enumerate() {
+        if status[r].is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    for (r, s) in status.iter().enumerate() {
+        match s {
+            Some(s) if s.success() => {}
+            Some(s) => panic!("rank {r} failed: {s}"),
+            None => panic!("rank {r} did not finish within 60 s"),
+        }
+    }
+}

@@ -20,6 +20,7 @@
 //! ([`Communicator::streams`]), `[&Arc<CudaStream>]`, `Vec<Arc<CudaStream>>`…
 
 pub mod buffer;
+pub mod check;
 pub mod collective;
 pub mod p2p;
 pub mod send_recv;
@@ -220,6 +221,12 @@ impl Communicator {
             devices: &devices,
         };
         let checked = validate_held(c, &args, &held, &stream_devices(streams), size)?;
+        if self.config().check_calls {
+            // Before the count-0 return: every rank takes part in the exchange.
+            let op = c.kind().has_op().then_some(op);
+            let sig = check::CallSig::collective(c.name(), T::DTYPE, op, c.count(), c.root());
+            check::compare(p.rank, &p.boot.all_gather(&sig.encode())?)?;
+        }
         if c.count() == 0 {
             return Ok(());
         }

@@ -370,6 +370,23 @@ impl Communicator {
             return result;
         };
         // One rank of a job of processes.
+        if self.config().check_calls {
+            // Every rank of the job takes part (a rank outside the group sends nothing).
+            let (mut sends, mut recvs) = (vec![0u64; p.nranks], vec![0u64; p.nranks]);
+            for o in &args {
+                let b = bytes(o.count, size);
+                match o.dir {
+                    Dir::Send => sends[o.peer] = sends[o.peer].saturating_add(b),
+                    Dir::Recv => recvs[o.peer] = recvs[o.peer].saturating_add(b),
+                }
+            }
+            let sig = super::check::CallSig::PeerOps {
+                dtype: T::DTYPE.name().into(),
+                sends,
+                recvs,
+            };
+            super::check::compare(p.rank, &p.boot.all_gather(&sig.encode())?)?;
+        }
         if args.iter().all(|o| o.count == 0) {
             return Ok(());
         }
