@@ -29,7 +29,11 @@ fn c_program_built_against_the_official_header() {
     );
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
     let lib = lib_dir().join("libringccl_nccl.so");
-    assert!(lib.is_file(), "{} was not built", lib.display());
+    assert!(
+        lib.is_file(),
+        "{} was not built: run `cargo build -p nccl-abi` first",
+        lib.display()
+    );
     // The library as a program finds it: a file named after its SONAME.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nccl-abi");
     std::fs::create_dir_all(&dir).expect("a temporary directory");
