@@ -479,21 +479,17 @@ fn rank_of_a_job() {
     assert_eq!(bad, 0, "rank {rank}: wrong elements");
 }
 
-/// The ranks' processes of a job of every visible GPU (at most 8), each running
-/// `rank_of_a_job`.
-#[test]
-#[ignore = "needs 2+ CUDA GPUs"]
-fn every_collective_across_processes() {
-    let ctx = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
-    let n = (ctx as usize).min(8);
-    assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
+/// Runs `test` of this binary as each of the `n` ranks of a new job (one process each, the job's
+/// id, rank and size in their environment, plus `env`), and fails unless every rank passes
+/// within `limit` (a rank still running then is killed).
+fn run_ranks(test: &str, n: usize, env: &[(&str, &str)], limit: Duration) {
     let id = UniqueId::new().expect("a unique id");
     let exe = std::env::current_exe().expect("this test binary");
     let mut children: Vec<_> = (0..n)
         .map(|r| {
             Command::new(&exe)
                 .args([
-                    "rank_of_a_job",
+                    test,
                     "--exact",
                     "--include-ignored",
                     "--nocapture",
@@ -502,12 +498,13 @@ fn every_collective_across_processes() {
                 .env(ENV_ID, id.to_string())
                 .env(ENV_RANK, r.to_string())
                 .env(ENV_NRANKS, n.to_string())
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .spawn()
                 .expect("spawn a rank")
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(240);
+    let deadline = Instant::now() + limit;
     let mut status = vec![None; n];
     while status.iter().any(Option::is_none) && Instant::now() < deadline {
         for (r, child) in children.iter_mut().enumerate() {
@@ -527,9 +524,20 @@ fn every_collective_across_processes() {
         match s {
             Some(s) if s.success() => {}
             Some(s) => panic!("rank {r} failed: {s}"),
-            None => panic!("rank {r} did not finish within 240 s"),
+            None => panic!("rank {r} did not finish within {limit:?}"),
         }
     }
+}
+
+/// The ranks' processes of a job of every visible GPU (at most 8), each running
+/// `rank_of_a_job`.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn every_collective_across_processes() {
+    let ctx = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
+    let n = (ctx as usize).min(8);
+    assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
+    run_ranks("rank_of_a_job", n, &[], Duration::from_secs(240));
     println!("{n} processes: every rank passed");
 }
 
@@ -693,46 +701,10 @@ fn rank_with_a_mismatched_call() {
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
 fn mismatched_calls_fail_on_every_rank() {
-    let id = UniqueId::new().expect("a unique id");
-    let exe = std::env::current_exe().expect("this test binary");
-    let mut children: Vec<_> = (0..2)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "rank_with_a_mismatched_call",
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                ])
-                .env(ENV_ID, id.to_string())
-                .env(ENV_RANK, r.to_string())
-                .env("RINGCCL_CHECK_CALLS", "1")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut status = [None, None];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (r, child) in children.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = child.try_wait().expect("wait for a rank");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (r, child) in children.iter_mut().enumerate() {
-        if status[r].is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-    for (r, s) in status.iter().enumerate() {
-        match s {
-            Some(s) if s.success() => {}
-            Some(s) => panic!("rank {r} failed: {s}"),
-            None => panic!("rank {r} did not finish within 60 s"),
-        }
-    }
+    run_ranks(
+        "rank_with_a_mismatched_call",
+        2,
+        &[("RINGCCL_CHECK_CALLS", "1")],
+        Duration::from_secs(60),
+    );
 }

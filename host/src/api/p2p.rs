@@ -413,24 +413,12 @@ impl Communicator {
             .collect();
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
         let mut state = p.lock();
-        if let Some(net) = &p.net {
-            // Through the network transport (`RINGCCL_NET=ucx`).
-            let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
-            let scratch = net.proxy.mem().scratch_bytes();
-            let slot = p2p::slot_bytes(scratch, p.nranks).ok_or_else(|| Error::Internal {
-                reason: format!("a network scratch of {scratch} bytes is too small for {} ranks", p.nranks),
-            })?;
-            let plan = p2p::plan(p.rank, p.nranks, &pops, slot)?;
-            let guards: Vec<SyncOnDrop<'_>> = ops
-                .iter_mut()
-                .filter(|o| o.count > 0)
-                .map(|o| o.track(stream.as_ref()))
-                .collect();
-            let result = exec::net::execute(&mut net, &p.memops, &plan, &bufs, stream.as_ref(), &state.end);
-            drop(guards);
-            return result;
-        }
-        let scratch = state.windows.scratch_bytes();
+        // Through the network transport (`RINGCCL_NET=ucx`) or the mapped scratch.
+        let mut net = p.net.as_ref().map(|n| n.lock().unwrap_or_else(|e| e.into_inner()));
+        let scratch = match &net {
+            Some(n) => n.proxy.mem().scratch_bytes(),
+            None => state.windows.scratch_bytes(),
+        };
         let slot = p2p::slot_bytes(scratch, p.nranks).ok_or_else(|| Error::Internal {
             reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),
         })?;
@@ -440,13 +428,18 @@ impl Communicator {
             .filter(|o| o.count > 0)
             .map(|o| o.track(stream.as_ref()))
             .collect();
-        let mut call = exec::process::ProcessCall {
-            me: self.resources(p.rank),
-            state: &mut state,
-            memops: &p.memops,
-            health: self.health(),
+        let result = match &mut net {
+            Some(net) => exec::net::execute(net, &p.memops, &plan, &bufs, stream.as_ref(), &state.end),
+            None => {
+                let mut call = exec::process::ProcessCall {
+                    me: self.resources(p.rank),
+                    state: &mut state,
+                    memops: &p.memops,
+                    health: self.health(),
+                };
+                exec::p2p::execute(&mut call, &plan, &bufs, stream.as_ref())
+            }
         };
-        let result = exec::p2p::execute(&mut call, &plan, &bufs, stream.as_ref());
         drop(guards);
         result
     }
