@@ -24,7 +24,8 @@ use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
 use crate::plan::{topology, PlanCache, ProcessPlan};
-use crate::resources::{Call, Health, ProcessState, RankResources, RankState};
+use crate::driver::graph::{keep_alive_in_graph, Capture};
+use crate::resources::{Call, GraphHold, Health, ProcessState, RankResources, RankState};
 use crate::transport::ipc::{Exchange, Windows};
 use crate::transport::net::NetRank;
 use crate::transport::Transport;
@@ -64,6 +65,9 @@ pub struct Communicator {
     /// `CUDA_LAUNCH_BLOCKING=1`: a launch returns only once its kernel has run, so kernels that
     /// meet other ranks' kernels of this process (the one-shot all-reduce) cannot be used.
     launch_blocking: bool,
+    /// Shared with every CUDA graph that captured a call of this communicator: the device
+    /// resources move here on drop while such a graph exists (see [`GraphHold`]).
+    graphs: Arc<GraphHold>,
 }
 
 /// How long the communicator's drop waits for its work after an abort or a failure (the
@@ -296,6 +300,7 @@ impl Communicator {
             process: None,
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
+            graphs: Arc::default(),
         };
         comm.report_setup(how);
         Ok(comm)
@@ -381,6 +386,7 @@ impl Communicator {
             }),
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
+            graphs: Arc::default(),
         };
         comm.report_setup("device order");
         Ok(comm)
@@ -844,6 +850,46 @@ impl Communicator {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many references CUDA graphs hold to communicators' device resources in this
+    /// process: one per captured call, dropped when the last graph or executable graph that
+    /// contains the call is destroyed and its launches have finished. A dropped communicator's
+    /// resources are freed when the last reference to them goes. A diagnostic: 0 when no graph
+    /// that captured a ringccl call exists.
+    ///
+    /// ```
+    /// // Nothing has been captured in this process.
+    /// assert_eq!(ringccl::Communicator::held_by_graphs(), 0);
+    /// ```
+    pub fn held_by_graphs() -> usize {
+        crate::driver::graph::held_by_graphs()
+    }
+
+    /// Gives the graph being captured (`capture`) a reference to this communicator's device
+    /// resources, so that they outlive the graph's replays even if the communicator is dropped
+    /// first. Called once per captured call, before anything of it is enqueued.
+    pub(crate) fn keep_alive_in(&self, capture: &Capture) -> Result<()> {
+        // SAFETY: `capture` was read from the call's streams just before (`exec::capture`),
+        // in the caller's thread, which is inside the call: the capture is still in progress.
+        unsafe { keep_alive_in_graph(capture.graph, Arc::clone(&self.graphs)) }
+    }
+
+    /// On drop, once no work of this communicator's own is left: if CUDA graphs that captured
+    /// its calls still exist, moves the device resources they use (kernels, flags, scratch,
+    /// events, control block, streams) to the hold they share, to be freed with the last one.
+    fn hand_over_to_graphs(&mut self) {
+        if Arc::strong_count(&self.graphs) == 1 {
+            return;
+        }
+        let state = std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let remains = (
+            std::mem::take(&mut self.ranks),
+            std::mem::take(&mut self.streams),
+            state,
+            Arc::clone(&self.health),
+        );
+        self.graphs.hold(Box::new(remains));
+    }
+
     /// Locks the communicator for one call's issue: the handle an executor works through.
     pub(crate) fn begin_call(&self) -> Call<'_> {
         Call::new(
@@ -868,6 +914,9 @@ impl Drop for Communicator {
         // A rank of a job of processes: its last call's end also means every peer is done with
         // this rank's scratch and flags (the call's end waits for the peers' last touches), so
         // the windows can be unmapped and freed after it.
+        //
+        // CUDA graphs that captured calls of this communicator and still exist keep its device
+        // resources: they are handed over to them (`hand_over_to_graphs`) instead of freed.
         let idle = |c: &Self, limit| {
             poll_until(Some(limit), || match c.pending_rank() {
                 Ok(None) => Ok(Some(true)),
@@ -886,6 +935,7 @@ impl Drop for Communicator {
             self.config.timeout.unwrap_or(Duration::MAX)
         };
         if idle(self, first) {
+            self.hand_over_to_graphs();
             return;
         }
         if !failed {
@@ -893,6 +943,7 @@ impl Drop for Communicator {
                 reason: "dropped with work that did not finish".into(),
             });
             if idle(self, DRAIN_AFTER_ABORT) {
+                self.hand_over_to_graphs();
                 return;
             }
         }

@@ -11,7 +11,9 @@
 //! * [`Health`]: the communicator's control block (host memory mapped into every device: the
 //!   abort word and the status words of `gpu_kernels::oneshot`), its timeout, and its first
 //!   failure; shared by all calls, read and written without the call lock;
-//! * [`Call`]: both, for one call, with the state locked: what an executor may touch.
+//! * [`Call`]: both, for one call, with the state locked: what an executor may touch;
+//! * [`GraphHold`]: where a dropped communicator's resources wait for the last CUDA graph that
+//!   captured one of its calls.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -356,6 +358,34 @@ impl Health {
             });
         }
         Ok(())
+    }
+}
+
+/// Where a communicator's device resources go when it is dropped while CUDA graphs that
+/// captured its calls still exist. Every captured call gives its graph a reference to the
+/// communicator's `Arc<GraphHold>` (`driver::graph::keep_alive_in_graph`); the communicator's
+/// drop moves its resources here if any such reference is left, and they are freed with the
+/// last one (on a thread of their own, after the graphs' launches have finished).
+#[derive(Default)]
+pub struct GraphHold {
+    remains: Mutex<Option<Box<dyn Send>>>,
+}
+
+impl GraphHold {
+    /// Keeps `remains` until the last reference to this hold is dropped.
+    pub fn hold(&self, remains: Box<dyn Send>) {
+        *self.remains.lock().unwrap_or_else(|p| p.into_inner()) = Some(remains);
+    }
+}
+
+impl std::fmt::Debug for GraphHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self
+            .remains
+            .lock()
+            .map(|r| r.is_some())
+            .unwrap_or(true);
+        f.debug_struct("GraphHold").field("holds", &held).finish()
     }
 }
 

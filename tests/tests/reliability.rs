@@ -15,6 +15,9 @@
 //! | [`foreign_streams_and_buffers_are_rejected`] | a stream and a buffer of a non-primary context, a pool buffer without peer access: `InvalidArgument` before anything is enqueued |
 //! | [`process_ranks_time_out_and_abort`] | ranks of a job (threads): a rank alone in a call gets `Error::Timeout` (ring, bounded wait kernel); with no timeout, `abort` ends its one-shot wait at once |
 //! | [`a_killed_process_makes_its_peer_fail_in_time`] | two processes streaming 1 GiB all-reduces; `kill -9` of one: the other gets an error within its timeout |
+//! | [`a_graph_replays_after_its_communicator_is_dropped`] | one-shot and ring all-reduces captured in one graph; the communicator dropped; 3 replays right; its resources released when the graph is destroyed |
+//! | [`separate_captures_are_rejected`] | each rank's stream in a capture of its own: `InvalidArgument` naming rank 1, nothing captured |
+//! | [`untracked_buffers_are_kept_until_the_call_is_done`] | 50 × (256 MiB buffers of context handles without streams, all-reduce, drop, reallocate and zero elsewhere): the new buffers stay zero |
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -744,4 +747,217 @@ fn killed_rank() {
     let t1 = Instant::now();
     drop(comm);
     println!("rank {rank}: dropped in {:?}", t1.elapsed());
+}
+
+/// A graph capturing every rank's stream in one capture: begins on `streams[0]`, forks the
+/// others from it with an event, runs `body`, joins them back and ends the capture.
+fn capture_one_graph(
+    ctxs: &[Arc<CudaContext>],
+    streams: &[Arc<CudaStream>],
+    body: impl FnOnce(),
+) -> cudarc::driver::CudaGraph {
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let s0 = &streams[0];
+    s0.begin_capture(mode).expect("begin capture");
+    let fork = ctxs[0].new_event(None).expect("event");
+    fork.record(s0).expect("record");
+    for s in &streams[1..] {
+        s.wait(&fork).expect("join the capture");
+    }
+    body();
+    let joins: Vec<_> = ctxs
+        .iter()
+        .zip(streams)
+        .skip(1)
+        .map(|(c, s)| {
+            let e = c.new_event(None).expect("event");
+            e.record(s).expect("record");
+            s0.wait(&e).expect("join back");
+            e
+        })
+        .collect();
+    let graph = s0
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .expect("end capture")
+        .expect("a graph");
+    drop(joins);
+    graph
+}
+
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn a_graph_replays_after_its_communicator_is_dropped() {
+    need_two_gpus();
+    let comm = Communicator::with_config(&[0, 1], config(Some(Duration::from_secs(30)), None))
+        .expect("communicator");
+    let ctxs: Vec<_> = (0..2).map(|r| comm.context(r).clone()).collect();
+    let streams: Vec<_> = ctxs
+        .iter()
+        .map(|c| c.new_stream().expect("stream"))
+        .collect();
+    // A small call (the one-shot kernel) and a 16 MiB one (the ring), in place, sum of r + 1.
+    let counts = [1024usize, 4 << 20];
+    let mut bufs: Vec<Vec<_>> = counts
+        .iter()
+        .map(|&n| {
+            (0..2)
+                .map(|r| streams[r].alloc_zeros::<f32>(n).expect("alloc"))
+                .collect()
+        })
+        .collect();
+    let fill = |bufs: &mut Vec<Vec<cudarc::driver::CudaSlice<f32>>>| {
+        for (k, &n) in counts.iter().enumerate() {
+            for r in 0..2 {
+                streams[r]
+                    .memcpy_htod(&vec![(r + 1) as f32; n], &mut bufs[k][r])
+                    .expect("upload");
+            }
+        }
+        for s in &streams {
+            s.synchronize().expect("sync");
+        }
+    };
+    let call = |bufs: &mut Vec<Vec<cudarc::driver::CudaSlice<f32>>>| {
+        for (k, &n) in counts.iter().enumerate() {
+            let mut io: Vec<Io<f32>> = bufs[k].iter_mut().map(Io::in_place).collect();
+            comm.all_reduce(&mut io, n, RedOp::Sum, &streams)
+                .expect("all_reduce");
+        }
+    };
+    // Once eagerly (the scratch a capture needs), then captured.
+    fill(&mut bufs);
+    call(&mut bufs);
+    for s in &streams {
+        s.synchronize().expect("sync");
+    }
+    let before = Communicator::held_by_graphs();
+    let graph = capture_one_graph(&ctxs, &streams, || call(&mut bufs));
+    let held = Communicator::held_by_graphs() - before;
+    assert_eq!(
+        held,
+        counts.len(),
+        "each captured call holds the communicator's resources"
+    );
+    drop(comm);
+    println!("communicator dropped; {held} captured calls hold its resources");
+    for replay in 0..3 {
+        fill(&mut bufs);
+        graph.launch().expect("graph launch");
+        streams[0].synchronize().expect("the replay ends");
+        for (k, &n) in counts.iter().enumerate() {
+            for r in 0..2 {
+                let out = streams[r].clone_dtoh(&bufs[k][r]).expect("download");
+                let bad = out.iter().filter(|&&x| x != 3.0).count();
+                assert_eq!(bad, 0, "replay {replay}, count {n}, rank {r}: {bad} wrong");
+            }
+        }
+    }
+    println!("3 replays after the drop, every element right");
+    drop(graph);
+    let t0 = Instant::now();
+    while Communicator::held_by_graphs() > before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the graph's references were not released"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("released {:?} after the graph was destroyed", t0.elapsed());
+    gpu_usable(0);
+    gpu_usable(1);
+}
+
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn separate_captures_are_rejected() {
+    need_two_gpus();
+    let comm = Communicator::with_config(&[0, 1], config(Some(Duration::from_secs(30)), None))
+        .expect("communicator");
+    let streams: Vec<_> = (0..2)
+        .map(|r| comm.context(r).new_stream().expect("stream"))
+        .collect();
+    let mut bufs: Vec<_> = streams
+        .iter()
+        .map(|s| s.alloc_zeros::<f32>(1024).expect("alloc"))
+        .collect();
+    // Run once eagerly, so that only the capture rule can refuse the captured call.
+    let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
+    comm.all_reduce(&mut io, 1024, RedOp::Sum, &streams)
+        .expect("eager all_reduce");
+    drop(io);
+    comm.synchronize().expect("synchronize");
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    for s in &streams {
+        s.begin_capture(mode).expect("begin capture");
+    }
+    let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
+    let e = comm
+        .all_reduce(&mut io, 1024, RedOp::Sum, &streams)
+        .expect_err("two captures must be refused");
+    drop(io);
+    println!("separate captures: {e}");
+    assert!(
+        matches!(e, Error::InvalidArgument { rank: Some(1), .. }),
+        "not an InvalidArgument naming rank 1: {e:?}"
+    );
+    for s in &streams {
+        s.end_capture(sys::CUgraphInstantiate_flags(0))
+            .expect("the captures end cleanly");
+    }
+    // Refused before anything of the call was captured: no graph holds the communicator.
+    assert_eq!(Communicator::held_by_graphs(), 0);
+    checked_all_reduce(&comm, 1024);
+}
+
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn untracked_buffers_are_kept_until_the_call_is_done() {
+    need_two_gpus();
+    // Buffers of context handles that never created a stream (cudarc orders their uses and
+    // frees only in a handle's multi-stream mode), freed right after the call, the memory
+    // reallocated on another handle and zeroed: the call's writes must not land in it.
+    let iters: usize = std::env::var("RINGCCL_TEST_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let count = 64usize << 20; // 256 MiB of f32
+    let comm = Communicator::with_config(&[0, 1], config(Some(Duration::from_secs(30)), None))
+        .expect("communicator");
+    let host: Vec<Vec<f32>> = (0..2).map(|r| vec![(r + 1) as f32; count]).collect();
+    let mut dirty = 0usize;
+    for it in 0..iters {
+        let handles: Vec<_> = (0..2)
+            .map(|r| CudaContext::new(r).expect("handle"))
+            .collect();
+        let mut bufs: Vec<_> = handles
+            .iter()
+            .zip(&host)
+            .map(|(h, v)| h.default_stream().clone_htod(v).expect("upload"))
+            .collect();
+        let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
+        comm.all_reduce(&mut io, count, RedOp::Sum, comm.streams())
+            .expect("all_reduce");
+        drop(io);
+        drop(bufs);
+        let fresh: Vec<_> = (0..2)
+            .map(|r| {
+                let h = CudaContext::new(r).expect("handle");
+                let s = h.default_stream();
+                let mut b = s.alloc_zeros::<f32>(count).expect("realloc");
+                s.memset_zeros(&mut b).expect("memset");
+                (s, b)
+            })
+            .collect();
+        comm.synchronize().expect("synchronize");
+        for (r, (s, b)) in fresh.iter().enumerate() {
+            let out = s.clone_dtoh(b).expect("download");
+            let bad = out.iter().filter(|&&x| x != 0.0).count();
+            if bad > 0 {
+                println!("iteration {it}, rank {r}: {bad} elements of the new buffer overwritten");
+            }
+            dirty += bad;
+        }
+    }
+    println!("{iters} iterations of 256 MiB: {dirty} elements of the new buffers overwritten");
+    assert_eq!(dirty, 0);
 }

@@ -26,9 +26,12 @@
 //! stream (a copy to the host, a free when the slice is dropped) waits for the collective.
 //! Reading a buffer's address ([`DeviceSlice::raw`], when an [`Io`] is built) orders nothing
 //! of the caller's: cudarc exposes the address only with a stream to wait on, and ringccl gives
-//! it a private stream of the buffer's context that runs nothing.
-//! With event tracking disabled ([`CudaContext::disable_event_tracking`], or a single stream per
-//! context) none of this happens and ordering is entirely the caller's, as with NCCL.
+//! it a private stream of the buffer's context handle that runs nothing. cudarc tracks only
+//! for a handle that has created a stream; that private stream is one, so buffers of a handle
+//! that never created a stream of its own (allocated on its default stream) are tracked too.
+//! For buffers allocated while event tracking was disabled
+//! ([`CudaContext::disable_event_tracking`], an `unsafe` promise to order by hand) none of
+//! this happens and ordering is entirely the caller's, as with NCCL.
 //!
 //! [`CudaContext::disable_event_tracking`]: cudarc::driver::CudaContext::disable_event_tracking
 
@@ -154,17 +157,27 @@ fn owner_ordinal<T>(s: &impl cudarc::driver::DeviceSlice<T>) -> usize {
     s.stream().context().ordinal()
 }
 
-/// A stream of `ctx` that ringccl uses for nothing but reading buffer addresses, created once
-/// per context and kept for the life of the process (`None` if the driver cannot create one).
+/// A stream of the context handle `ctx` that ringccl uses for nothing but reading buffer
+/// addresses, created once per handle and kept while the handle is in use (`None` if the driver
+/// cannot create one).
+///
+/// It also keeps the handle in cudarc's multi-stream mode: cudarc orders a slice's uses and its
+/// free by the slice's events only when the handle that allocated it has created a stream
+/// ([`CudaContext::is_managing_stream_synchronization`]). A handle that never did (buffers
+/// allocated on its default stream) would otherwise free a buffer while a collective on
+/// ringccl's streams still reads or writes it. The key is the handle, not the CUDA context:
+/// two handles of one device's primary context count their streams apart.
 fn address_stream(ctx: &Arc<CudaContext>) -> Option<Arc<CudaStream>> {
     static STREAMS: Mutex<Vec<(usize, Arc<CudaStream>)>> = Mutex::new(Vec::new());
-    // The handle identifies the context: the stream kept here holds the context alive, so the
-    // handle is never reused for another.
-    let key = ctx.cu_ctx() as usize;
+    // The stream kept here holds its handle alive, so the key is never reused while kept.
+    let key = Arc::as_ptr(ctx) as usize;
     let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, s)) = streams.iter().find(|(k, _)| *k == key) {
         return Some(s.clone());
     }
+    // Handles nothing else refers to any more (only their stream here): no slice of theirs is
+    // left to order, so their streams go.
+    streams.retain(|(_, s)| Arc::strong_count(s.context()) > 1);
     let s = ctx.new_stream().ok()?;
     streams.push((key, s.clone()));
     Some(s)

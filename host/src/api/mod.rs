@@ -105,7 +105,8 @@ impl Communicator {
         let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
         // Whether the streams are being captured into a CUDA graph (all or none: checked here,
         // before anything is enqueued).
-        let capturing = exec::capturing(streams)?;
+        let capture = exec::capture(streams)?;
+        let capturing = capture.is_some();
         let ce_possible = self.copy_engine_usable() && !capturing;
         let algorithm = match c {
             Collective::AllReduce { .. } => {
@@ -184,6 +185,9 @@ impl Communicator {
         // now, record this call's accesses when the guards drop, after everything is enqueued.
         // (A one-shot rank's kernel ends only after every peer is done reading its input, so
         // the record on its own stream covers the call too.)
+        if let Some(capture) = &capture {
+            self.keep_alive_in(capture)?;
+        }
         let guards = track(io, streams, &checked.ptrs);
         let mut call = self.begin_call();
         let result = match (&prepared, &ce_plan) {

@@ -282,7 +282,8 @@ impl Communicator {
     ) -> Result<()> {
         self.health().check()?;
         let size = T::DTYPE.size();
-        let capturing = exec::capturing(streams)?;
+        let capture = exec::capture(streams)?;
+        let capturing = capture.is_some();
         let n = streams.len();
         let ring = self.ring();
         // Plan every round first: nothing is enqueued if one cannot be planned.
@@ -304,6 +305,9 @@ impl Communicator {
             let chunk = tuning::chunk_elems(max.saturating_mul(size), 1, T::DTYPE, self.config());
             let prepared = Prepared::new(schedule::send_recv(ring, &p2p, Layout::OutOfPlace, chunk))?;
             planned.push((prepared, ptrs));
+        }
+        if let Some(capture) = &capture {
+            self.keep_alive_in(capture)?;
         }
         // One lock for the whole group.
         let mut call = self.begin_call();

@@ -8,7 +8,9 @@
 //!   peer access ([`memcpy_peer_async`]);
 //! * [`module`]: the embedded PTX and [`Kernels`], the module loaded into one context with its
 //!   functions looked up in O(1);
-//! * [`launch`]: launch shapes and the one launcher.
+//! * [`launch`]: launch shapes and the one launcher;
+//! * [`graph`]: which CUDA-graph capture a stream is in, and values a captured graph keeps
+//!   alive.
 //!
 //! The driver layer reads no tuning: launch limits are its callers' arguments.
 //!
@@ -19,6 +21,7 @@
 //! # Ok::<(), ringccl::Error>(())
 //! ```
 
+pub mod graph;
 pub mod ipc;
 pub mod launch;
 pub mod module;

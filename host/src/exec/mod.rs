@@ -15,10 +15,14 @@
 //! previous call's end event nor records it (an event recorded outside a capture cannot be
 //! waited on inside it, and vice versa): the graph's own order keeps scratch safe between its
 //! calls, and scratch cannot grow during a capture (run the call once eagerly first). Every
-//! rank's stream must be captured, in one capture, or none (a mix is rejected). A scratch
-//! buffer a graph captured is never freed before the communicator. Launches of such a graph
-//! must be ordered (on the streams) with the communicator's other calls, eager or graphed, like
-//! any two calls on it.
+//! rank's stream must be captured, in one capture, or none (a mix, or separate captures, is
+//! rejected: [`capture`]). A scratch buffer a graph captured is never freed before the
+//! communicator, and the communicator's device resources (kernels, scratch, flags, control
+//! block) outlive it while a graph that captured one of its calls exists: each captured call
+//! gives the graph a reference to them ([`crate::driver::graph::keep_alive_in_graph`]), so a
+//! graph can be replayed after the communicator is dropped. Launches of such a graph must be
+//! ordered (on the streams) with the communicator's other calls, eager or graphed, like any
+//! two calls on it.
 //!
 //! Nothing here blocks the host.
 
@@ -29,8 +33,9 @@ pub mod p2p;
 pub mod process;
 pub mod ring;
 
-use cudarc::driver::{sys, CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaStream};
 
+use crate::driver::graph::{capture_of, Capture};
 use crate::driver::launch::Prim;
 use crate::plan::tuning::Traffic;
 use crate::resources::Call;
@@ -119,67 +124,83 @@ fn scratch_for_call(call: &mut Call<'_>, r: usize, bytes: usize, capturing: bool
     call.scratch_ptr(r, bytes)
 }
 
-/// Whether the streams are being captured into a CUDA graph: all of them or none (a mix would
-/// launch some ranks now and the others at graph launch, or fail half-issued on a cross-stream
-/// wait, so it is rejected before anything is enqueued).
-pub fn capturing<S: AsRef<CudaStream>>(streams: &[S]) -> Result<bool> {
-    let mut any = false;
-    let mut all = true;
-    let mut first_not = None;
-    for (r, stream) in streams.iter().enumerate() {
-        let status = stream
-            .as_ref()
-            .capture_status()
-            .map_err(|e| Error::cuda("cuStreamIsCapturing", Some(r), e))?;
-        let active = status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-        any |= active;
-        all &= active;
-        if !active && first_not.is_none() {
-            first_not = Some(r);
-        }
-    }
-    capture_state(any, all, first_not)
+/// The CUDA-graph capture the streams are in: all of them in one capture, or none (a mix, or
+/// ranks in separate captures, would launch some ranks now and the others at graph launch, or
+/// replay the ranks' parts separately and out of step: rejected before anything is enqueued).
+pub fn capture<S: AsRef<CudaStream>>(streams: &[S]) -> Result<Option<Capture>> {
+    let captures = streams
+        .iter()
+        .enumerate()
+        .map(|(r, s)| capture_of(s.as_ref(), Some(r)))
+        .collect::<Result<Vec<_>>>()?;
+    let ids: Vec<Option<u64>> = captures.iter().map(|c| c.map(|c| c.id)).collect();
+    one_capture(&ids)?;
+    Ok(captures.first().copied().flatten())
 }
 
-/// The all-or-none rule of [`capturing`]: `first_not` is the first rank whose stream is not
-/// captured.
-fn capture_state(any: bool, all: bool, first_not: Option<usize>) -> Result<bool> {
-    if any && !all {
+/// Whether the streams are being captured into a CUDA graph (see [`capture`]).
+pub fn capturing<S: AsRef<CudaStream>>(streams: &[S]) -> Result<bool> {
+    Ok(capture(streams)?.is_some())
+}
+
+/// The rule of [`capture`] on the ranks' capture ids (`None`: not captured).
+fn one_capture(ids: &[Option<u64>]) -> Result<()> {
+    let Some(first) = ids.iter().flatten().next() else {
+        return Ok(());
+    };
+    if let Some(r) = ids.iter().position(Option::is_none) {
         return Err(Error::invalid(
-            first_not,
+            Some(r),
             Arg::Stream,
             "some ranks' streams are being captured into a CUDA graph and this one is not: \
              capture every rank's stream (in one capture) or none",
         ));
     }
-    Ok(any)
+    if let Some(r) = ids.iter().position(|id| id != &Some(*first)) {
+        return Err(Error::invalid(
+            Some(r),
+            Arg::Stream,
+            "this rank's stream is in a different CUDA-graph capture than the first rank's: \
+             capture every rank's stream in one capture (begin it on one stream and join the \
+             others with an event), so that the ranks' parts of a call are replayed together",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::capture_state;
+    use super::one_capture;
     use crate::{Arg, Error};
 
-    fn state(active: &[bool]) -> crate::Result<bool> {
-        let any = active.iter().any(|&a| a);
-        let all = active.iter().all(|&a| a);
-        capture_state(any, all, active.iter().position(|&a| !a))
+    fn rejected_rank(ids: &[Option<u64>]) -> Option<usize> {
+        match one_capture(ids) {
+            Ok(()) => None,
+            Err(Error::InvalidArgument {
+                rank: Some(r),
+                arg: Arg::Stream,
+                ..
+            }) => Some(r),
+            Err(other) => panic!("unexpected error {other:?}"),
+        }
     }
 
     #[test]
     fn capture_is_all_or_none() {
-        assert_eq!(state(&[false, false]).ok(), Some(false));
-        assert_eq!(state(&[true, true, true]).ok(), Some(true));
-        assert_eq!(state(&[]).ok(), Some(false));
-        for mixed in [[true, false, true], [false, true, true], [true, true, false]] {
-            match state(&mixed) {
-                Err(Error::InvalidArgument {
-                    rank: Some(r),
-                    arg: Arg::Stream,
-                    ..
-                }) => assert!(!mixed[r], "names a rank that is not captured"),
-                other => panic!("mixed capture accepted: {other:?}"),
-            }
+        assert_eq!(rejected_rank(&[None, None]), None);
+        assert_eq!(rejected_rank(&[Some(4), Some(4), Some(4)]), None);
+        assert_eq!(rejected_rank(&[]), None);
+        for mixed in [[Some(1), None, Some(1)], [None, Some(1), Some(1)], [Some(1), Some(1), None]] {
+            let r = rejected_rank(&mixed).expect("a mix of captured and not captured is rejected");
+            assert!(mixed[r].is_none(), "names a rank that is captured");
         }
+    }
+
+    #[test]
+    fn every_rank_is_in_one_capture() {
+        assert_eq!(rejected_rank(&[Some(7), Some(8)]), Some(1));
+        assert_eq!(rejected_rank(&[Some(7), Some(7), Some(9)]), Some(2));
+        // Separate captures and a rank not captured at all: the missing rank is named first.
+        assert_eq!(rejected_rank(&[Some(7), Some(8), None]), Some(2));
     }
 }
