@@ -445,6 +445,54 @@ fn sweep_rings_large(coll: Coll) {
     }
 }
 
+mod props {
+    //! Random shapes beyond the sweeps: any ring order, count, chunk, root, layout, operator and
+    //! interleaving of the ranks' steps give the reference result.
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The collectives simulated by `check` (send/recv groups have `check_p2p`).
+    fn collectives() -> Vec<Coll> {
+        Coll::ALL
+            .into_iter()
+            .filter(|c| *c != Coll::SendRecv)
+            .collect()
+    }
+
+    fn shape() -> impl Strategy<Value = (Coll, Vec<usize>, usize, usize, bool, usize)> {
+        (1usize..10).prop_flat_map(|n| {
+            (
+                prop::sample::select(collectives()),
+                Just((0..n).collect::<Vec<usize>>()).prop_shuffle(),
+                0usize..300,
+                0..n,
+                any::<bool>(),
+                1usize..80,
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_shapes_match_the_reference(
+            (coll, ring, count, root, in_place, chunk) in shape(),
+            op in prop::sample::select(RedOp::ALL.to_vec()),
+            seed in any::<u64>(),
+            wide in any::<bool>(),
+        ) {
+            let orders = [Order::Random(seed)];
+            if wide {
+                check::<i64>(coll, &ring, count, root, in_place, chunk, op, &orders);
+            } else {
+                check::<u32>(coll, &ring, count, root, in_place, chunk, op, &orders);
+            }
+        }
+    }
+}
+
 macro_rules! sweeps {
     ($($name:ident: $coll:expr;)*) => {$(
         mod $name {

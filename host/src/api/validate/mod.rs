@@ -437,4 +437,6 @@ pub fn validate_held(
 
 pub(crate) mod context;
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
