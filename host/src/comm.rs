@@ -25,7 +25,7 @@ use crate::driver;
 use crate::driver::ipc::MemOps;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
-use crate::resources::{Call, GraphHold, Health, ProcessState, RankResources, RankState};
+use crate::resources::{blame, Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
 use crate::transport::ipc::{Exchange, Windows};
 use crate::transport::net::NetRank;
 use crate::transport::Transport;
@@ -729,29 +729,28 @@ impl Communicator {
     /// communicator's own stream), `None` if all are done; a CUDA error of any rank's context
     /// first (every rank is queried: a dead GPU is named even while another rank still waits).
     fn pending_rank(&self) -> Result<Option<usize>> {
-        use cudarc::driver::sys::{cuStreamQuery, CUresult};
         let mut pending = None;
         {
             let state = self.lock_state();
-            for ((rank, st), &r) in self.ranks.iter().zip(state.iter()).zip(&self.local) {
-                let done = st
-                    .end
-                    .try_is_complete()
-                    .map_err(|e| Error::cuda("cuEventQuery", Some(r), e))?;
-                // SAFETY: the stream is alive (held by `rank`).
-                let idle = match unsafe { cuStreamQuery(rank.stream.cu_stream()) } {
-                    CUresult::CUDA_SUCCESS => true,
-                    CUresult::CUDA_ERROR_NOT_READY => false,
-                    code => {
-                        return Err(Error::Cuda {
-                            call: "cuStreamQuery",
-                            code: format!("{code:?}"),
-                            rank: Some(r),
-                        })
+            let probes: Vec<Probe<'_>> = self
+                .ranks
+                .iter()
+                .zip(state.iter())
+                .zip(&self.local)
+                .map(|((rank, st), &r)| Probe {
+                    rank: r,
+                    ctx: &rank.ctx,
+                    event: st.end.cu_event(),
+                    stream: Some(rank.stream.cu_stream()),
+                })
+                .collect();
+            for p in &probes {
+                match p.query() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        pending.get_or_insert(p.rank);
                     }
-                };
-                if !(done && idle) && pending.is_none() {
-                    pending = Some(r);
+                    Err((call, code)) => return Err(blame(call, code, &probes)),
                 }
             }
         }

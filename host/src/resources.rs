@@ -361,6 +361,79 @@ impl Health {
     }
 }
 
+/// What to query of one rank to see whether its context faulted: the end event of its last
+/// call and a stream of its (handles alive for as long as the probe is used).
+pub struct Probe<'a> {
+    /// The rank, as errors name it.
+    pub rank: usize,
+    /// The rank's context.
+    pub ctx: &'a CudaContext,
+    /// An event of the rank's context.
+    pub event: sys::CUevent,
+    /// A stream of the rank's context, if one is to be queried.
+    pub stream: Option<sys::CUstream>,
+}
+
+impl Probe<'_> {
+    /// Queries the event and the stream: `Ok(true)` if both are done, `Ok(false)` if work is
+    /// pending, or the failing call and its code.
+    pub fn query(&self) -> std::result::Result<bool, (&'static str, sys::CUresult)> {
+        use sys::CUresult::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS};
+        // SAFETY: the event and the stream are alive (the probe's contract).
+        let e = unsafe { sys::cuEventQuery(self.event) };
+        if !matches!(e, CUDA_SUCCESS | CUDA_ERROR_NOT_READY) {
+            return Err(("cuEventQuery", e));
+        }
+        let s = match self.stream {
+            // SAFETY: as above.
+            Some(stream) => unsafe { sys::cuStreamQuery(stream) },
+            None => CUDA_SUCCESS,
+        };
+        if !matches!(s, CUDA_SUCCESS | CUDA_ERROR_NOT_READY) {
+            return Err(("cuStreamQuery", s));
+        }
+        Ok(e == CUDA_SUCCESS && s == CUDA_SUCCESS)
+    }
+}
+
+/// The error for a query (`call`) that failed with `code`, named after the rank whose context
+/// faulted.
+///
+/// The driver reports a context's sticky error (an illegal address, a failed launch) from
+/// calls made while that context is current on the thread, whatever the call is about: a query
+/// of rank 0's stream right after rank 1's kernel faulted can fail with rank 1's error. So each
+/// rank is queried again with its own context made current (the switch itself may report the
+/// other context's error, so it is made twice); the first rank whose queries still fail is
+/// named. If none does, the error names no rank.
+pub fn blame(call: &'static str, code: sys::CUresult, probes: &[Probe<'_>]) -> Error {
+    for p in probes {
+        for _ in 0..2 {
+            // SAFETY: the context is alive (held by the probe's borrow).
+            let _ = unsafe { sys::cuCtxSetCurrent(p.ctx.cu_ctx()) };
+        }
+        if let Err((call, code)) = p.query() {
+            // Leave a healthy rank's context current, so that the caller's next call on this
+            // thread is not the one to report the faulted context's error again.
+            if let Some(ok) = probes.iter().find(|q| q.rank != p.rank) {
+                for _ in 0..2 {
+                    // SAFETY: as above.
+                    let _ = unsafe { sys::cuCtxSetCurrent(ok.ctx.cu_ctx()) };
+                }
+            }
+            return Error::Cuda {
+                call,
+                code: format!("{code:?}"),
+                rank: Some(p.rank),
+            };
+        }
+    }
+    Error::Cuda {
+        call,
+        code: format!("{code:?}"),
+        rank: None,
+    }
+}
+
 /// Where a communicator's device resources go when it is dropped while CUDA graphs that
 /// captured its calls still exist. Every captured call gives its graph a reference to the
 /// communicator's `Arc<GraphHold>` (`driver::graph::keep_alive_in_graph`); the communicator's
@@ -474,24 +547,21 @@ impl<'a> Call<'a> {
 
     /// Checks every rank's context before anything is launched on the call's `streams`: a
     /// fault of earlier work is sticky, and the driver returns it from a query of the stream
-    /// or of the rank's end event. Costs two queries per rank.
+    /// or of the rank's end event. Costs two queries per rank (more after a fault, to name the
+    /// rank whose context faulted: [`blame`]).
     pub fn check_contexts<S: AsRef<CudaStream>>(&self, streams: &[S]) -> Result<()> {
+        let mut probes = Vec::with_capacity(self.state.len());
         for (r, st) in self.state.iter().enumerate() {
-            if let Err(e) = st.end.try_is_complete() {
-                return Err(Error::cuda("cuEventQuery", Some(r), e));
-            }
-            if let Some(stream) = streams.get(r) {
-                // SAFETY: the stream is alive (borrowed from the caller).
-                match unsafe { sys::cuStreamQuery(stream.as_ref().cu_stream()) } {
-                    sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                    code => {
-                        return Err(Error::Cuda {
-                            call: "cuStreamQuery",
-                            code: format!("{code:?}"),
-                            rank: Some(r),
-                        })
-                    }
-                }
+            probes.push(Probe {
+                rank: r,
+                ctx: &self.ranks.get(r).ok_or_else(|| no_rank(r))?.ctx,
+                event: st.end.cu_event(),
+                stream: streams.get(r).map(|s| s.as_ref().cu_stream()),
+            });
+        }
+        for p in &probes {
+            if let Err((call, code)) = p.query() {
+                return Err(blame(call, code, &probes));
             }
         }
         Ok(())

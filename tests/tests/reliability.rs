@@ -376,14 +376,28 @@ fn fault_inner() {
     };
     let took = t0.elapsed();
     println!("fault on GPU 1: {e} (after {took:?})");
+    // Every fact first, then the assertions: which rank's queries see the fault, and whether
+    // GPU 0 still works.
+    for r in 0..2 {
+        // SAFETY: the stream is alive (held by the communicator).
+        let q = unsafe { sys::cuStreamQuery(comm.stream(r).cu_stream()) };
+        println!("rank {r}: cuStreamQuery of its stream: {q:?}");
+    }
+    let rank0 = comm.stream(0).synchronize();
+    println!("rank 0's stream synchronize: {rank0:?}");
+    drop(comm);
+    // On a thread of its own: no context is current there, so no call switches away from the
+    // faulted one (the driver reports a faulted context's error from calls made while it is
+    // current, whichever device they are about).
+    let gpu0 = std::thread::spawn(|| gpu_usable(0)).join();
+    println!("GPU 0 allocates and copies afterwards: {}", gpu0.is_ok());
     assert_eq!(e.rank(), Some(1), "the error does not name rank 1: {e:?}");
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    comm.stream(0)
-        .synchronize()
-        .expect("rank 0's stream ends cleanly");
-    drop(comm);
-    gpu_usable(0);
-    println!("GPU 0 still allocates and copies");
+    assert!(
+        rank0.is_ok(),
+        "rank 0's stream does not end cleanly: {rank0:?}"
+    );
+    assert!(gpu0.is_ok(), "GPU 0 is not usable after GPU 1's fault");
 }
 
 /// A buffer given by address: the test's own memory of other contexts and pools.
