@@ -54,7 +54,10 @@ run_step() {
   case $1 in
     late-peer) step late-peer 30 "$R" "${T[@]}" a_late_peer_times_out_and_the_gpus_stay_usable ;;
     injected) step injected 20 "$R" "${T[@]}" an_injected_launch_failure_releases_the_launched_ranks ;;
-    fault) step fault 40 "$R" "${T[@]}" a_fault_on_one_gpu_is_named_and_contained ;;
+    fault) step fault 40 "$R" "${T[@]}" a_fault_on_one_gpu_is_reported_in_time ;;
+    fault-procs) step fault-procs 60 "$R" "${T[@]}" a_fault_in_one_process_leaves_the_other_usable ;;
+    graphs) step graphs 40 "$R" "${T[@]}" a_graph_replays_after_its_communicator_is_dropped separate_captures_are_rejected ;;
+    untracked) step untracked 60 "$R" "${T[@]}" untracked_buffers_are_kept_until_the_call_is_done ;;
     foreign) step foreign 20 "$R" "${T[@]}" foreign_streams_and_buffers_are_rejected ;;
     launch-blocking) step launch-blocking 40 "$R" "${T[@]}" launch_blocking_small_all_reduces_complete ;;
     process-timeouts) step process-timeouts 30 "$R" "${T[@]}" process_ranks_time_out_and_abort ;;
@@ -72,7 +75,8 @@ run_step() {
     *) SUMMARY+=("$1: unknown step"); FAILED=$((FAILED + 1)) ;;
   esac
 }
-ALL="late-peer injected fault foreign launch-blocking process-timeouts kill-9 stress collectives \
+ALL="late-peer injected fault fault-procs graphs untracked foreign launch-blocking process-timeouts \
+kill-9 stress collectives \
 multi-process memcheck racecheck synccheck"
 for s in ${STEPS:-$ALL}; do
   run_step "$s"

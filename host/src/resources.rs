@@ -549,7 +549,14 @@ impl<'a> Call<'a> {
     /// fault of earlier work is sticky, and the driver returns it from a query of the stream
     /// or of the rank's end event. Costs two queries per rank (more after a fault, to name the
     /// rank whose context faulted: [`blame`]).
-    pub fn check_contexts<S: AsRef<CudaStream>>(&self, streams: &[S]) -> Result<()> {
+    ///
+    /// Nothing is queried while the streams are being captured into a CUDA graph (a query of
+    /// a capturing stream is refused and invalidates the capture): a fault then shows at the
+    /// graph's launch or the next eager call.
+    pub fn check_contexts<S: AsRef<CudaStream>>(&self, streams: &[S], capturing: bool) -> Result<()> {
+        if capturing {
+            return Ok(());
+        }
         let mut probes = Vec::with_capacity(self.state.len());
         for (r, st) in self.state.iter().enumerate() {
             probes.push(Probe {

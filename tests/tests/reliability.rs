@@ -11,7 +11,8 @@
 //! | [`a_late_peer_times_out_and_the_gpus_stay_usable`] | rank 1 blocked 5 s, 1 s timeout: `Error::Timeout` naming rank 1 in < 2 s, no trap; both GPUs then run a correct all-reduce |
 //! | [`launch_blocking_small_all_reduces_complete`] | under `CUDA_LAUNCH_BLOCKING=1` small all-reduces complete and are right |
 //! | [`an_injected_launch_failure_releases_the_launched_ranks`] | rank 1's launch fails after rank 0's: rank 0 ends in < 100 ms, the communicator reports it, GPU 0 stays usable |
-//! | [`a_fault_on_one_gpu_is_named_and_contained`] | an illegal-address kernel on GPU 1: the error names rank 1 in < 10 s, GPU 0's context lives |
+//! | [`a_fault_on_one_gpu_is_reported_in_time`] | an illegal-address kernel on GPU 1 of a communicator of one process: the call fails with it in < 10 s, the communicator stays failed, its drop returns (the fault takes down GPU 0's context of the process too: measured) |
+//! | [`a_fault_in_one_process_leaves_the_other_usable`] | one process per GPU; rank 1's GPU faults: both ranks' calls fail in < 10 s, and GPU 0 then runs a new communicator in rank 0's process |
 //! | [`foreign_streams_and_buffers_are_rejected`] | a stream and a buffer of a non-primary context, a pool buffer without peer access: `InvalidArgument` before anything is enqueued |
 //! | [`process_ranks_time_out_and_abort`] | ranks of a job (threads): a rank alone in a call gets `Error::Timeout` (ring, bounded wait kernel); with no timeout, `abort` ends its one-shot wait at once |
 //! | [`a_killed_process_makes_its_peer_fail_in_time`] | two processes streaming 1 GiB all-reduces; `kill -9` of one: the other gets an error within its timeout |
@@ -329,20 +330,28 @@ fn an_injected_launch_failure_releases_the_launched_ranks() {
 
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
-fn a_fault_on_one_gpu_is_named_and_contained() {
+fn a_fault_on_one_gpu_is_reported_in_time() {
     need_two_gpus();
     in_child("fault_inner", &[(CHILD, "1")], Duration::from_secs(60));
 }
 
-/// The body of [`a_fault_on_one_gpu_is_named_and_contained`] (its own process: GPU 1's context
-/// dies in it).
+/// The body of [`a_fault_on_one_gpu_is_reported_in_time`] (its own process: the fault ends
+/// CUDA in it).
+///
+/// Measured on 2 × H200 (driver 580): after an illegal address in a kernel on GPU 1, every
+/// call in GPU 0's context of the same process fails with the same error too (a query of its
+/// streams, a new stream from a thread with no current context): the driver takes down every
+/// context of the process that has peer access to the faulted one, so no query tells which GPU
+/// faulted. What one process can guarantee is that the error arrives in time, the communicator
+/// is failed for good, and its drop returns; containment to one GPU is what one process per GPU
+/// gives ([`a_fault_in_one_process_leaves_the_other_usable`]).
 #[test]
-#[ignore = "started by a_fault_on_one_gpu_is_named_and_contained"]
+#[ignore = "started by a_fault_on_one_gpu_is_reported_in_time"]
 fn fault_inner() {
     if !is_child() {
         return;
     }
-    // The default timeout (600 s): only containment can end the waits in time.
+    // The default timeout (600 s): only the context checks can end the waits in time.
     let comm = Communicator::with_config(&[0, 1], config(None, None)).expect("communicator");
     checked_all_reduce(&comm, 1024);
     let mut bufs: Vec<_> = (0..2)
@@ -362,8 +371,6 @@ fn fault_inner() {
     let t0 = Instant::now();
     // SAFETY: deliberately faults GPU 1's context (this process exists for it).
     unsafe { comm.stream(1).launch_builder(&f).arg(&bad).launch(cfg) }.expect("launch");
-    // The fault happens before the call (a call whose kernels are already running when a peer
-    // faults can still be hit by it: see docs/RELIABILITY.md).
     std::thread::sleep(Duration::from_millis(200));
     let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
     let called = comm.all_reduce(&mut io, 1024, RedOp::Sum, comm.streams());
@@ -376,28 +383,132 @@ fn fault_inner() {
     };
     let took = t0.elapsed();
     println!("fault on GPU 1: {e} (after {took:?})");
-    // Every fact first, then the assertions: which rank's queries see the fault, and whether
-    // GPU 0 still works.
-    for r in 0..2 {
-        // SAFETY: the stream is alive (held by the communicator).
-        let q = unsafe { sys::cuStreamQuery(comm.stream(r).cu_stream()) };
-        println!("rank {r}: cuStreamQuery of its stream: {q:?}");
-    }
-    let rank0 = comm.stream(0).synchronize();
-    println!("rank 0's stream synchronize: {rank0:?}");
-    drop(comm);
-    // On a thread of its own: no context is current there, so no call switches away from the
-    // faulted one (the driver reports a faulted context's error from calls made while it is
-    // current, whichever device they are about).
-    let gpu0 = std::thread::spawn(|| gpu_usable(0)).join();
-    println!("GPU 0 allocates and copies afterwards: {}", gpu0.is_ok());
-    assert_eq!(e.rank(), Some(1), "the error does not name rank 1: {e:?}");
-    assert!(took < Duration::from_secs(10), "took {took:?}");
     assert!(
-        rank0.is_ok(),
-        "rank 0's stream does not end cleanly: {rank0:?}"
+        matches!(&e, Error::Cuda { code, .. } if code.contains("ILLEGAL_ADDRESS")),
+        "not the fault's CUDA error: {e:?}"
     );
-    assert!(gpu0.is_ok(), "GPU 0 is not usable after GPU 1's fault");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let again = comm.async_error();
+    println!("async_error afterwards: {again:?}");
+    assert!(
+        again.is_some(),
+        "the communicator does not report the failure"
+    );
+    let t1 = Instant::now();
+    drop(comm);
+    println!("dropped in {:?}", t1.elapsed());
+    assert!(
+        t1.elapsed() < Duration::from_secs(15),
+        "drop took {:?}",
+        t1.elapsed()
+    );
+}
+
+const ENV_FAULT_ID: &str = "RINGCCL_TEST_FAULT_ID";
+const ENV_FAULT_RANK: &str = "RINGCCL_TEST_FAULT_RANK";
+
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn a_fault_in_one_process_leaves_the_other_usable() {
+    need_two_gpus();
+    let id = UniqueId::new().expect("a unique id");
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut children: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(&exe)
+                .args([
+                    "faulting_rank",
+                    "--exact",
+                    "--include-ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, "1")
+                .env(ENV_FAULT_ID, id.to_string())
+                .env(ENV_FAULT_RANK, r.to_string())
+                .env("RINGCCL_TIMEOUT", "5")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn a rank")
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut status = [None, None];
+    while status.iter().any(Option::is_none) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                status[r] = c.try_wait().expect("wait");
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("the ranks did not finish within 60 s: {status:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("ranks finished: {status:?} in {:?}", t0.elapsed());
+    assert!(
+        status.iter().all(|s| s.is_some_and(|s| s.success())),
+        "{status:?}"
+    );
+}
+
+/// A rank of [`a_fault_in_one_process_leaves_the_other_usable`]. Rank 1 faults its GPU, then
+/// calls (its call fails). Rank 0 calls: its call must fail within its 5 s timeout, and GPU 0
+/// must still allocate, copy and run a new communicator of its own afterwards.
+#[test]
+#[ignore = "started by a_fault_in_one_process_leaves_the_other_usable"]
+fn faulting_rank() {
+    if !is_child() {
+        return;
+    }
+    let var = |k| std::env::var(k).expect("set by the parent test");
+    let id: UniqueId = var(ENV_FAULT_ID).parse().expect("the id");
+    let rank: usize = var(ENV_FAULT_RANK).parse().expect("the rank");
+    let comm = Communicator::init_rank(2, &id, rank, rank).expect("init_rank");
+    let stream = comm.stream(rank).clone();
+    let count = 1024usize;
+    let mut buf = stream
+        .clone_htod(&vec![(rank + 1) as f32; count])
+        .expect("upload");
+    comm.all_reduce(&mut [Io::in_place(&mut buf)], count, RedOp::Sum, &[&stream])
+        .and_then(|()| comm.synchronize())
+        .expect("a first all-reduce");
+    if rank == 1 {
+        let f = test_kernel(comm.context(1), "ringccl_test_fault");
+        let bad: u64 = 16;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: deliberately faults GPU 1's context (this process exists for it).
+        unsafe { stream.launch_builder(&f).arg(&bad).launch(cfg) }.expect("launch");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let t0 = Instant::now();
+    let r = comm
+        .all_reduce(&mut [Io::in_place(&mut buf)], count, RedOp::Sum, &[&stream])
+        .and_then(|()| comm.synchronize());
+    let took = t0.elapsed();
+    println!("rank {rank}: the call after the fault: {r:?} after {took:?}");
+    let e = r.expect_err("the call after the fault must fail on both ranks");
+    assert!(took < Duration::from_secs(10), "rank {rank}: took {took:?}");
+    let t1 = Instant::now();
+    drop(comm);
+    println!("rank {rank}: dropped in {:?} ({e})", t1.elapsed());
+    if rank == 0 {
+        // On a thread with no context current; then a communicator of one rank.
+        std::thread::spawn(|| gpu_usable(0))
+            .join()
+            .expect("GPU 0 is usable");
+        let solo = Communicator::with_config(&[0], config(Some(Duration::from_secs(5)), None))
+            .expect("a new communicator on GPU 0");
+        checked_all_reduce(&solo, 4096);
+        println!("rank 0: GPU 0 allocates, copies and runs a new communicator");
+    }
 }
 
 /// A buffer given by address: the test's own memory of other contexts and pools.

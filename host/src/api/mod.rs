@@ -59,7 +59,15 @@ fn track<'s, T, S: AsRef<CudaStream>>(
     io: &'s mut [Io<'_, T>],
     streams: &'s [S],
     ptrs: &[validate::Ptrs],
+    capturing: bool,
 ) -> Vec<[SyncOnDrop<'s>; 2]> {
+    // Under CUDA-graph capture, a captured stream cannot wait on an event recorded outside the
+    // capture (the capture is invalidated), and an event recorded inside it cannot be waited
+    // on outside: a captured call leaves cudarc's events alone, and the graph's launches are
+    // ordered by the caller, as with NCCL.
+    if capturing {
+        return Vec::new();
+    }
     io.iter_mut()
         .zip(streams)
         .zip(ptrs)
@@ -188,7 +196,7 @@ impl Communicator {
         if let Some(capture) = &capture {
             self.keep_alive_in(capture)?;
         }
-        let guards = track(io, streams, &checked.ptrs);
+        let guards = track(io, streams, &checked.ptrs, capturing);
         let mut call = self.begin_call();
         let result = match (&prepared, &ce_plan) {
             (Some(p), _) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
@@ -265,7 +273,7 @@ impl Communicator {
             // Through the network transport (`RINGCCL_NET=ucx`): a ring of point-to-point
             // groups with a reduce kernel after each receive of the reduce-scatter.
             report!(config.debug, Trace, "all_reduce {} count {count} across processes: network ring", T::DTYPE.name());
-            let guards = track(io, streams, &checked.ptrs);
+            let guards = track(io, streams, &checked.ptrs, false);
             let state = p.lock();
             let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
             let cap = me.caps.for_traffic(tuning::Traffic::Local);
@@ -297,7 +305,7 @@ impl Communicator {
         if let Collective::AllReduce { count } = c {
             if tuning::all_reduce_algorithm(max_bytes, n, true, false, config) == Algorithm::OneShot {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
-                let guards = track(io, streams, &checked.ptrs);
+                let guards = track(io, streams, &checked.ptrs, false);
                 let mut state = p.lock();
                 p.ensure_scratch(&mut state, count.saturating_mul(size), self.health())?;
                 let mut call = exec::process::ProcessCall {
@@ -338,7 +346,7 @@ impl Communicator {
             plan.prepared.schedule.scratch_len.saturating_mul(size),
             self.health(),
         )?;
-        let guards = track(io, streams, &checked.ptrs);
+        let guards = track(io, streams, &checked.ptrs, false);
         let mut call = exec::process::ProcessCall {
             me,
             state: &mut state,

@@ -356,10 +356,12 @@ impl Communicator {
                 used[i] = true;
                 used[j] = true;
             }
+            // Not under CUDA-graph capture (see `track` in `api`).
+            let capturing = exec::capturing(streams)?;
             let guards: Vec<SyncOnDrop<'_>> = ops
                 .iter_mut()
                 .zip(&used)
-                .filter(|(_, &u)| u)
+                .filter(|(_, &u)| u && !capturing)
                 .map(|(o, _)| {
                     let r = o.rank;
                     o.track(streams[r].as_ref())

@@ -254,10 +254,12 @@ impl Communicator {
         for &i in rounds.iter().flatten() {
             used[i] = true;
         }
+        // Not under CUDA-graph capture (see `track` in `api`).
+        let capturing = exec::capturing(streams)?;
         let guards: Vec<[SyncOnDrop<'_>; 2]> = pairs
             .iter_mut()
             .zip(&used)
-            .filter(|(_, &u)| u)
+            .filter(|(_, &u)| u && !capturing)
             .map(|(p, _)| {
                 let (from, to) = (p.args.from, p.args.to);
                 [

@@ -73,7 +73,7 @@ pub fn execute<S: AsRef<CudaStream>>(
     // kernel launched on some ranks only would wait for the others at its barrier.
     let health = call.health();
     health.check()?;
-    if let Err(e) = call.check_contexts(streams) {
+    if let Err(e) = call.check_contexts(streams, capturing) {
         health.fail(e.clone());
         return Err(e);
     }
