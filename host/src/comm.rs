@@ -25,7 +25,7 @@ use crate::driver;
 use crate::driver::ipc::MemOps;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
-use crate::resources::{blame, Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
+use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
 use crate::transport::ipc::{Exchange, Windows};
 use crate::transport::net::NetRank;
 use crate::transport::Transport;
@@ -732,25 +732,14 @@ impl Communicator {
         let mut pending = None;
         {
             let state = self.lock_state();
-            let probes: Vec<Probe<'_>> = self
-                .ranks
-                .iter()
-                .zip(state.iter())
-                .zip(&self.local)
-                .map(|((rank, st), &r)| Probe {
+            for ((rank, st), &r) in self.ranks.iter().zip(state.iter()).zip(&self.local) {
+                let probe = Probe {
                     rank: r,
-                    ctx: &rank.ctx,
                     event: st.end.cu_event(),
                     stream: Some(rank.stream.cu_stream()),
-                })
-                .collect();
-            for p in &probes {
-                match p.query() {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        pending.get_or_insert(p.rank);
-                    }
-                    Err((call, code)) => return Err(blame(call, code, &probes)),
+                };
+                if !probe.check()? {
+                    pending.get_or_insert(r);
                 }
             }
         }
