@@ -269,22 +269,38 @@ impl Communicator {
             recv: ptrs.recv,
         };
         let me = self.resources(p.rank);
-        if let (Some(net), Collective::AllReduce { count }) = (&p.net, c) {
-            // Through the network transport (`RINGCCL_NET=ucx`): a ring of point-to-point
-            // groups with a reduce kernel after each receive of the reduce-scatter.
-            report!(config.debug, Trace, "all_reduce {} count {count} across processes: network ring", T::DTYPE.name());
+        if let Some(net) = &p.net {
+            // Through the network transport (`RINGCCL_NET=ucx`): the collective as groups of
+            // point-to-point transfers, receives combined by a reduce kernel where it reduces
+            // (`plan::net`).
+            let in_place = checked.layout != Layout::OutOfPlace;
+            let groups = plan::net::groups(
+                (c.kind(), c.count(), c.root().unwrap_or(0)),
+                (p.rank, n),
+                size,
+                in_place,
+            );
+            report!(
+                config.debug,
+                Trace,
+                "{} {} count {} across processes: network, {} groups",
+                c.name(),
+                T::DTYPE.name(),
+                c.count(),
+                groups.len()
+            );
             let guards = track(io, streams, &checked.ptrs, false);
             let state = p.lock();
             let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
             let cap = me.caps.for_traffic(tuning::Traffic::Local);
-            let result = exec::net::all_reduce(
+            let result = exec::net::collective(
                 &mut net,
                 &p.memops,
                 &me.kernels,
                 cap,
                 (T::DTYPE, op),
                 (mine.send, mine.recv),
-                count,
+                &groups,
                 stream.as_ref(),
                 &state.end,
             );
@@ -296,9 +312,8 @@ impl Communicator {
                 rank: Some(p.rank),
                 peer: Some(q),
                 reason: format!(
-                    "rank {q} runs on another machine: only all-reduce and point-to-point groups \
-                     (peer_ops) reach it, over RINGCCL_NET=ucx; the other collectives between \
-                     machines do not run yet"
+                    "rank {q} runs on another machine: it is reached only over the network \
+                     transport (RINGCCL_NET=ucx)"
                 ),
             });
         }

@@ -17,7 +17,8 @@ use crate::driver::ipc::MemOps;
 use crate::driver::launch::Prim;
 use crate::driver::Kernels;
 use crate::dtype::DataType;
-use crate::plan::p2p::{self, Action, Dir, P2pOp, P2pPlan, Place};
+use crate::plan::net::{At, NetGroup};
+use crate::plan::p2p::{self, Action, P2pOp, P2pPlan, Place};
 use crate::transport::net::proxy::{Chunk, Outgoing};
 use crate::transport::net::{outbox_offset, NetMem, NetRank};
 use crate::{Error, Result};
@@ -113,106 +114,51 @@ fn group(
     Ok(())
 }
 
-/// One group of the network ring all-reduce of rank `r` ([`ring_groups`]): send elements
-/// `send.0 .. send.0 + send.1` of the output to the next rank, receive `recv` likewise from the
-/// previous one, combined into the output (`reduce`) or copied; `last`: the chunk's final
-/// reduction (where avg divides).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RingGroup {
-    /// Combine the received elements with the output's (reduce-scatter) or copy them
-    /// (all-gather).
-    pub reduce: bool,
-    /// The final reduction of the received chunk.
-    pub last: bool,
-    /// (first element, elements) sent.
-    pub send: (usize, usize),
-    /// (first element, elements) received.
-    pub recv: (usize, usize),
-}
-
-/// The groups of rank `r` of `n` in a ring all-reduce of `count` elements, in order: n − 1 of
-/// reduce-scatter, then n − 1 of all-gather. Chunk `c` is elements `c·count/n .. (c+1)·count/n`;
-/// at reduce-scatter step `s` rank `r` sends chunk `r − s` and receives chunk `r − s − 1`; at
-/// all-gather step `s` it sends chunk `r + 1 − s` and receives chunk `r − s` (mod n).
+/// Rank `net.rank`'s part of a collective over the network: its `groups`
+/// ([`crate::plan::net::groups`]) one after the other, each planned like a `peer_ops` group,
+/// with the receives of a reducing group combined into their buffer by a reduce kernel (avg
+/// divides where the group says). `send` and `recv` are the caller's buffers (consistent
+/// with the in-place layout when in place; 0 where the rank has none), validated by the
+/// caller to hold what the groups address.
 ///
-/// ```
-/// use ringccl::internals::exec::net::ring_groups;
-/// let g = ring_groups(0, 2, 10);
-/// assert_eq!(g.len(), 2);
-/// assert_eq!((g[0].send, g[0].recv, g[0].reduce, g[0].last), ((0, 5), (5, 5), true, true));
-/// assert_eq!((g[1].send, g[1].recv, g[1].reduce), ((5, 5), (0, 5), false));
-/// ```
-pub fn ring_groups(r: usize, n: usize, count: usize) -> Vec<RingGroup> {
-    let chunk = |c: usize| (c * count / n, (c + 1) * count / n - c * count / n);
-    let mut out = Vec::new();
-    if n < 2 || r >= n {
-        return out;
-    }
-    for phase in 0..2 {
-        for s in 0..n - 1 {
-            let (send_c, recv_c) = if phase == 0 {
-                ((r + n - s) % n, (r + 2 * n - s - 1) % n)
-            } else {
-                ((r + 1 + n - s) % n, (r + n - s) % n)
-            };
-            out.push(RingGroup {
-                reduce: phase == 0,
-                last: phase == 0 && s + 2 == n,
-                send: chunk(send_c),
-                recv: chunk(recv_c),
-            });
-        }
-    }
-    out
-}
-
-/// A ring all-reduce of `count` elements of `dtype` over the network: `send` (equal to `recv`
-/// in place) is copied into `recv` unless in place, then n − 1 groups of reduce-scatter (send
-/// a chunk of `recv` to the next rank; the previous rank's chunk, read from the inbox, is
-/// combined into `recv` by a reduce kernel) and n − 1 of all-gather (plain receives), each a
-/// point-to-point plan of the network path. Chunk `c` of `recv` is elements
-/// `c·count/n .. (c+1)·count/n`; avg divides in the last reduction of each chunk.
-///
-/// Ordered after `end` and recorded there, like [`execute`]. The caller validated the buffers
-/// (`count` elements each, on this rank's device).
+/// Ordered after `end` and recorded there, like [`execute`].
 #[allow(clippy::too_many_arguments)]
-pub fn all_reduce(
+pub fn collective(
     net: &mut NetRank,
     ops: &MemOps,
     kernels: &Kernels,
     cap: u32,
     (dtype, op): (DataType, RedOp),
     (send, recv): (u64, u64),
-    count: usize,
+    groups: &[NetGroup],
     stream: &CudaStream,
     end: &CudaEvent,
 ) -> Result<()> {
-    let (r, n, size) = (net.rank, net.sent.len(), dtype.size());
+    let (r, n) = (net.rank, net.sent.len());
     begin(net, stream, end)?;
-    if send != recv && count > 0 {
-        // SAFETY: both are `count` elements of this rank's validated buffers, disjoint (an
-        // out-of-place call).
-        unsafe { sys::cuMemcpyAsync(recv, send, count * size, stream.cu_stream()) }
-            .result()
-            .map_err(|e| Error::cuda("cuMemcpyAsync", Some(r), e))?;
-    }
     let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n)
         .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
-    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-    for g in ring_groups(r, n, count) {
-        let ((so, sl), (ro, rl)) = (g.send, g.recv);
-        let group_ops = [
-            P2pOp { dir: Dir::Send, peer: next, bytes: sl * size },
-            P2pOp { dir: Dir::Recv, peer: prev, bytes: rl * size },
-        ];
+    for g in groups {
+        let group_ops: Vec<P2pOp> = g
+            .ops
+            .iter()
+            .map(|o| P2pOp { dir: o.dir, peer: o.peer, bytes: o.bytes })
+            .collect();
+        let bufs: Vec<u64> = g
+            .ops
+            .iter()
+            .map(|o| match o.at {
+                At::Send(off) => send + off as u64,
+                At::Recv(off) => recv + off as u64,
+            })
+            .collect();
         let plan = p2p::plan(r, n, &group_ops, slot)?;
-        let bufs = [recv + (so * size) as u64, recv + (ro * size) as u64];
         let combine = g.reduce.then_some(Combine {
             kernels,
             cap,
             dtype,
             op,
-            postdiv: if op == RedOp::Avg && g.last { n as u32 } else { 1 },
+            postdiv: g.postdiv,
         });
         group(net, ops, &plan, &bufs, stream, combine)?;
     }
@@ -358,51 +304,4 @@ pub fn program(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Runs the groups of every rank in lockstep on sets of contributing ranks per element:
-    /// every element of every rank ends with all ranks, and `last` marks exactly the reductions
-    /// that complete a chunk.
-    #[test]
-    #[allow(clippy::needless_range_loop)] // ranks and steps index several tables
-    fn ring_groups_reduce_everything_once() {
-        for n in 1..=6 {
-            for count in [0, 1, 5, 6, 7, 64, 1001] {
-                let groups: Vec<Vec<RingGroup>> = (0..n).map(|r| ring_groups(r, n, count)).collect();
-                let steps = if n > 1 { 2 * (n - 1) } else { 0 };
-                assert!(groups.iter().all(|g| g.len() == steps));
-                let mut have: Vec<Vec<u64>> = (0..n).map(|r| vec![1u64 << r; count]).collect();
-                for i in 0..steps {
-                    let sent: Vec<Vec<u64>> = (0..n)
-                        .map(|r| {
-                            let (o, l) = groups[r][i].send;
-                            have[r][o..o + l].to_vec()
-                        })
-                        .collect();
-                    for r in 0..n {
-                        let g = groups[r][i];
-                        let prev = (r + n - 1) % n;
-                        assert_eq!(g.recv.1, sent[prev].len(), "n {n} count {count}");
-                        for (j, &v) in sent[prev].iter().enumerate() {
-                            let x = &mut have[r][g.recv.0 + j];
-                            if g.reduce {
-                                assert_eq!(*x & v, 0, "a rank's value counted twice");
-                                *x |= v;
-                                assert_eq!(*x == (1u64 << n) - 1, g.last, "n {n} step {i}");
-                            } else {
-                                *x = v;
-                            }
-                        }
-                    }
-                }
-                if n > 1 {
-                    assert!(have.iter().flatten().all(|&x| x == (1u64 << n) - 1), "n {n} count {count}");
-                }
-            }
-        }
-    }
 }

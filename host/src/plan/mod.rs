@@ -4,11 +4,14 @@
 //! * [`tuning`]: the policy (algorithm, chunk size, launch caps) as functions of the call and
 //!   the [`Config`](crate::Config);
 //! * [`topology`]: the ring order, chosen from the peer-to-peer link scores;
+//! * [`p2p`]: point-to-point groups among processes; [`net`]: collectives as such groups, for
+//!   peers reached over the network;
 //! * [`Prepared`] and [`PlanCache`]: a checked schedule with its event plan, built once per call
 //!   shape and kept by the communicator.
 
 pub mod p2p;
 pub mod copy_engine;
+pub mod net;
 pub mod signals;
 pub mod topology;
 pub mod tuning;

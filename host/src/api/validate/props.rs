@@ -1,6 +1,7 @@
 //! Property tests of validation: whatever the buffers, a call that validation accepts touches
 //! only the memory the caller gave it (reads inside a given buffer of the rank, writes inside
-//! its output or its in-place buffer), and validation never panics.
+//! its output or its in-place buffer), through the schedules of one process and through the
+//! network transport's groups alike, and validation never panics.
 
 use proptest::prelude::*;
 
@@ -8,6 +9,8 @@ use super::super::buffer::{RankArgs, RawBuf};
 use super::super::collective::Collective;
 use super::super::test_util::buf;
 use super::validate;
+use crate::plan::net::At;
+use crate::plan::p2p::Dir;
 use crate::schedule::{BufId, Region};
 
 /// The collective `kind` (0..8) with `count` elements and root `root`.
@@ -129,6 +132,28 @@ proptest! {
             };
             Some((base + (g.offset * size) as u64, (g.len * size) as u64))
         };
+        // The same for the network transport's groups of point-to-point transfers.
+        let in_place = v.layout != crate::schedule::Layout::OutOfPlace;
+        for (r, a) in args.iter().enumerate() {
+            let p = &v.ptrs[r];
+            for g in crate::plan::net::groups((c.kind(), c.count(), c.root().unwrap_or(0)), (r, n), size, in_place) {
+                for o in g.ops.iter().filter(|o| o.bytes > 0) {
+                    let lo = match o.at {
+                        At::Send(off) => p.send + off as u64,
+                        At::Recv(off) => p.recv + off as u64,
+                    };
+                    let bytes = o.bytes as u64;
+                    let ok = match o.dir {
+                        Dir::Send => inside(a.send, lo, bytes, size) || inside(a.recv, lo, bytes, size),
+                        Dir::Recv => {
+                            let writable = if a.in_place { a.send.or(a.recv) } else { a.recv };
+                            inside(writable, lo, bytes, size)
+                        }
+                    };
+                    prop_assert!(ok, "{c:?}: rank {r}'s network transfer {o:?} is outside its buffers {a:?}");
+                }
+            }
+        }
         for (j, step) in s.steps.iter().enumerate() {
             for g in step.srcs.iter().filter(|g| g.len > 0) {
                 let Some((lo, bytes)) = addr(g) else { continue };

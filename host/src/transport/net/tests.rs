@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use super::proxy::{NetOptions, Outgoing, Proxy};
 use super::ucp::{Context, Ucp, Worker};
 use super::{outbox_offset, NetMem};
-use crate::exec::net::{program, ring_groups};
+use crate::exec::net::program;
+use crate::plan::net::ring_groups;
 use crate::bootstrap::Bootstrap;
 use crate::plan::p2p::{plan, slot_bytes, Action, Dir, P2pOp, P2pPlan, Place};
 use crate::transport::ipc::Exchange;
@@ -296,6 +297,94 @@ fn ring_all_reduce_of_three_threads_is_bit_exact() {
     threads(3, |rank| {
         check_all_reduce(rank, 50_001)?;
         check_all_reduce(rank, 7) // a second call on the same counters, tiny
+    });
+}
+
+/// Rank `r`'s input of `len` u32 values.
+fn input_u32(r: usize, len: usize) -> Vec<u32> {
+    (0..len).map(|i| (r * 1000 + i) as u32).collect()
+}
+
+/// Collective `c` (sum of u32, out of place) with the network executor's groups
+/// ([`crate::plan::net::groups`]), each receive of a reducing group added on the host; checked
+/// against the collective's definition.
+fn check_collective(rank: &mut Rank, c: crate::api::collective::Collective) -> Result<()> {
+    use crate::api::collective::Collective as C;
+    use crate::plan::net::{groups, At};
+    let (r, n, k) = (rank.me, rank.n, c.count());
+    let (ns, nr) = c.needs(r, n);
+    let (send_len, recv_len) = (ns.elems(), nr.elems());
+    let mut send = input_u32(r, send_len);
+    let input = send.clone();
+    let mut recv = vec![0u32; recv_len];
+    for g in groups((c.kind(), k, c.root().unwrap_or(0)), (r, n), 4, false) {
+        let ops: Vec<P2pOp> = g.ops.iter().map(|o| P2pOp { dir: o.dir, peer: o.peer, bytes: o.bytes }).collect();
+        let mut bufs: Vec<Vec<u8>> = g
+            .ops
+            .iter()
+            .map(|o| match (o.dir, o.at) {
+                (Dir::Send, At::Send(b)) => send[b / 4..(b + o.bytes) / 4].iter().flat_map(|x| x.to_le_bytes()).collect(),
+                (Dir::Send, At::Recv(b)) => recv[b / 4..(b + o.bytes) / 4].iter().flat_map(|x| x.to_le_bytes()).collect(),
+                (Dir::Recv, _) => vec![0u8; o.bytes],
+            })
+            .collect();
+        rank.group(&ops, &mut bufs)?;
+        for (o, b) in g.ops.iter().zip(&bufs).filter(|(o, _)| o.dir == Dir::Recv) {
+            let dst = match o.at {
+                At::Send(off) => &mut send[off / 4..(off + o.bytes) / 4],
+                At::Recv(off) => &mut recv[off / 4..(off + o.bytes) / 4],
+            };
+            for (x, w) in dst.iter_mut().zip(b.chunks_exact(4)) {
+                let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                *x = if g.reduce && o.peer != r { x.wrapping_add(v) } else { v };
+            }
+        }
+    }
+    let all = |len| -> Vec<Vec<u32>> { (0..n).map(|q| input_u32(q, len)).collect() };
+    let sum = |vals: &[Vec<u32>], i: usize| vals.iter().fold(0u32, |a, v| a.wrapping_add(v[i]));
+    let root = c.root().unwrap_or(0);
+    let want: Option<Vec<u32>> = match c {
+        C::AllReduce { .. } => Some((0..k).map(|i| sum(&all(k), i)).collect()),
+        C::ReduceScatter { .. } => Some((0..k).map(|i| sum(&all(n * k), r * k + i)).collect()),
+        C::Reduce { .. } if r == root => Some((0..k).map(|i| sum(&all(k), i)).collect()),
+        C::AllGather { .. } => Some(all(k).concat()),
+        C::Broadcast { .. } => Some(input_u32(root, k)),
+        C::AllToAll { .. } => Some((0..n).flat_map(|q| input_u32(q, n * k)[r * k..(r + 1) * k].to_vec()).collect()),
+        C::Gather { .. } if r == root => Some(all(k).concat()),
+        C::Scatter { .. } => Some(input_u32(root, n * k)[r * k..(r + 1) * k].to_vec()),
+        _ => None,
+    };
+    if let Some(want) = want {
+        assert_eq!(recv, want, "rank {r}: {c:?}");
+    }
+    assert_eq!(send, input, "rank {r}: {c:?} changed its input");
+    Ok(())
+}
+
+#[test]
+fn every_collective_as_network_groups_of_three_threads() {
+    use crate::api::collective::Collective as C;
+    if !have_ucx() {
+        return;
+    }
+    threads(3, |rank| {
+        // One after the other on the same counters, with counts that take several chunks
+        // (the scratch's slots are 16 KiB / 3 ranks / 2).
+        for k in [5usize, 3000] {
+            for c in [
+                C::AllReduce { count: k },
+                C::ReduceScatter { recvcount: k },
+                C::AllGather { sendcount: k },
+                C::Broadcast { count: k, root: 1 },
+                C::Reduce { count: k, root: 2 },
+                C::AllToAll { count_per_peer: k },
+                C::Gather { sendcount: k, root: 0 },
+                C::Scatter { recvcount: k, root: 1 },
+            ] {
+                check_collective(rank, c)?;
+            }
+        }
+        Ok(())
     });
 }
 
