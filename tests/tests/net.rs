@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, DevicePtr};
 use ringccl::bootstrap::Bootstrap;
 use ringccl::internals::driver::ipc::MemOps;
-use ringccl::internals::exec::net::execute;
+use ringccl::internals::driver::Kernels;
+use ringccl::internals::exec::net::{execute, Bound};
 use ringccl::internals::plan::p2p::{plan, slot_bytes, Dir, P2pOp};
+use ringccl::internals::resources::Health;
 use ringccl::internals::transport::net::pinned::pinned;
 use ringccl::internals::transport::net::proxy::{NetOptions, Proxy};
 use ringccl::internals::transport::net::NetRank;
@@ -58,6 +60,14 @@ fn net_rank() {
     let mut net = NetRank::new(r, n, proxy);
     let end = ctx.new_event(None).expect("an event");
     let ops = MemOps::load().expect("stream memory operations");
+    // The waits for the peer are the bounded wait kernel, with a control block of their own.
+    let kernels = Kernels::load(&ctx, Some(r)).expect("ringccl's kernels");
+    let health =
+        Health::new(&ctx, vec![r], Some(Duration::from_secs(60))).expect("a control block");
+    let bound = Bound {
+        kernels: &kernels,
+        health: &health,
+    };
     let slot = slot_bytes(SCRATCH, n).expect("a slot");
     let peer = 1 - r;
     for bytes in [1usize, 4096, 1 << 20, 8 << 20, 64 << 20] {
@@ -86,7 +96,7 @@ fn net_rank() {
             {
                 let (s, _g1) = send.device_ptr(&stream);
                 let (d, _g2) = recv.device_ptr(&stream);
-                execute(&mut net, &ops, &p, &[s, d], &stream, &end).expect("enqueued");
+                execute(&mut net, &ops, bound, &p, &[s, d], &stream, &end).expect("enqueued");
             }
             stream.synchronize().expect("synchronized");
             if let Some(e) = net.proxy.error() {

@@ -296,7 +296,10 @@ impl Communicator {
             let result = exec::net::collective(
                 &mut net,
                 &p.memops,
-                &me.kernels,
+                exec::net::Bound {
+                    kernels: &me.kernels,
+                    health: self.health(),
+                },
                 cap,
                 (T::DTYPE, op),
                 (mine.send, mine.recv),

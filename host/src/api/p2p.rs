@@ -431,7 +431,13 @@ impl Communicator {
             .map(|o| o.track(stream.as_ref()))
             .collect();
         let result = match &mut net {
-            Some(net) => exec::net::execute(net, &p.memops, &plan, &bufs, stream.as_ref(), &state.end),
+            Some(net) => {
+                let bound = exec::net::Bound {
+                    kernels: &self.resources(p.rank).kernels,
+                    health: self.health(),
+                };
+                exec::net::execute(net, &p.memops, bound, &plan, &bufs, stream.as_ref(), &state.end)
+            }
             None => {
                 let mut call = exec::process::ProcessCall {
                     me: self.resources(p.rank),

@@ -2,13 +2,11 @@
 //! * [`DeviceAlloc`]: a plain `cuMemAlloc` allocation (what CUDA IPC can export), freed on drop;
 //! * [`IpcHandle`], [`IpcHandle::open`] → [`Mapped`]: `cuIpcGetMemHandle` in the owner,
 //!   `cuIpcOpenMemHandle` in a peer process (once: opening costs milliseconds), closed on drop;
-//! * [`MemOps`]: `cuStreamWriteValue64` / `cuStreamWaitValue64`, a stream writing a flag in a
-//!   peer's memory (after its earlier work, with a memory fence) and another stream waiting until
-//!   a flag reaches a value: how one process's stream waits for another's without the host.
-//!   They are looked up with `cuGetProcAddress`, so a driver without them is an error, not a
-//!   panic. A `cuStreamWaitValue64` can neither time out nor be aborted: the executors among
-//!   processes wait with the bounded wait kernel instead (`gpu_kernels::oneshot::WAIT_ENTRY`);
-//!   only the network executor still uses it, on words its proxy raises when it fails.
+//! * [`MemOps`]: `cuStreamWriteValue64`, a stream writing a flag in a peer's memory (after its
+//!   earlier work, with a memory fence): how one process's stream signals another's without
+//!   the host. It is looked up with `cuGetProcAddress`, so a driver without it is an error, not
+//!   a panic. The waiting side is the bounded wait kernel (`gpu_kernels::oneshot::WAIT_ENTRY`),
+//!   not `cuStreamWaitValue64`, which can neither time out nor be aborted.
 
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
@@ -128,13 +126,11 @@ impl Drop for Mapped {
 }
 
 type WriteValue64 = unsafe extern "C" fn(sys::CUstream, sys::CUdeviceptr, u64, u32) -> sys::CUresult;
-type WaitValue64 = unsafe extern "C" fn(sys::CUstream, sys::CUdeviceptr, u64, u32) -> sys::CUresult;
 
-/// The stream memory operations (`cuStreamWriteValue64`, `cuStreamWaitValue64`).
+/// The stream memory operation `cuStreamWriteValue64`.
 #[derive(Clone, Copy, Debug)]
 pub struct MemOps {
     write: WriteValue64,
-    wait: WaitValue64,
 }
 
 /// The CUDA version the entry points are asked for (13.0).
@@ -174,13 +170,11 @@ impl MemOps {
     pub fn load() -> Result<Self> {
         crate::driver::ensure_driver()?;
         let write = proc_address(c"cuStreamWriteValue64")?;
-        let wait = proc_address(c"cuStreamWaitValue64")?;
-        // SAFETY: the driver returned these entry points for the names above, whose C
-        // signatures are `CUresult (CUstream, CUdeviceptr, cuuint64_t, unsigned int)`.
+        // SAFETY: the driver returned this entry point for the name above, whose C signature
+        // is `CUresult (CUstream, CUdeviceptr, cuuint64_t, unsigned int)`.
         unsafe {
             Ok(MemOps {
                 write: std::mem::transmute::<*mut c_void, WriteValue64>(write),
-                wait: std::mem::transmute::<*mut c_void, WaitValue64>(wait),
             })
         }
     }
@@ -200,22 +194,6 @@ impl MemOps {
         unsafe { (self.write)(stream.cu_stream(), addr, value, 0) }
             .result()
             .map_err(|e| Error::cuda("cuStreamWriteValue64", Some(rank), e))
-    }
-
-    /// Enqueues on `stream`: wait until the 8-byte word at `addr` is at least `value`.
-    ///
-    /// # Safety
-    /// As for [`MemOps::write`].
-    pub unsafe fn wait_geq(&self, stream: &CudaStream, addr: u64, value: u64, rank: usize) -> Result<()> {
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(rank), e))?;
-        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        // SAFETY: forwarded from the caller.
-        unsafe { (self.wait)(stream.cu_stream(), addr, value, geq) }
-            .result()
-            .map_err(|e| Error::cuda("cuStreamWaitValue64", Some(rank), e))
     }
 }
 

@@ -5,8 +5,8 @@
 //!
 //! A copy into a peer's scratch lands in this rank's outbox (the same slot, by destination); a
 //! signal to a peer is `cuStreamWriteValue64` on this rank's posted word for it, a wait for a
-//! peer `cuStreamWaitValue64` on this rank's flag word for it; copies out of this rank's scratch
-//! read the inbox. Before the stream can post anything, the proxy is handed the group's
+//! peer the bounded wait kernel on this rank's flag word for it ([`Bound`]); copies out of this
+//! rank's scratch read the inbox. Before the stream can post anything, the proxy is handed the group's
 //! [`program`]. Every peer but this rank itself is a network peer here.
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
@@ -14,9 +14,10 @@ use gpu_kernels::op::RedOp;
 
 use super::{record, wait};
 use crate::driver::ipc::MemOps;
-use crate::driver::launch::Prim;
+use crate::driver::launch::{Prim, WaitArgs};
 use crate::driver::Kernels;
 use crate::dtype::DataType;
+use crate::resources::Health;
 use crate::plan::net::{At, NetGroup};
 use crate::plan::p2p::{self, Action, P2pOp, P2pPlan, Place};
 use crate::transport::net::proxy::{Chunk, Outgoing};
@@ -34,14 +35,28 @@ fn internal(reason: String) -> Error {
 pub fn execute(
     net: &mut NetRank,
     ops: &MemOps,
+    bound: Bound<'_>,
     plan: &P2pPlan,
     bufs: &[u64],
     stream: &CudaStream,
     end: &CudaEvent,
 ) -> Result<()> {
     begin(net, stream, end)?;
-    group(net, ops, plan, bufs, stream, None)?;
+    group(net, ops, bound, plan, bufs, stream, None)?;
     record(end, stream, net.rank)
+}
+
+/// What makes a wait for a peer's signal bounded: the rank's kernels (the bounded wait kernel,
+/// `gpu_kernels::oneshot::WAIT_ENTRY`) and the communicator's control block and timeout. A wait
+/// ends when the flag word reaches its value, when the communicator is aborted, or at the
+/// timeout (then with a status the host reports as `Error::Timeout`); the proxy also raises
+/// the flag words when it fails, which ends the waits at once.
+#[derive(Clone, Copy)]
+pub struct Bound<'a> {
+    /// The rank's kernels.
+    pub kernels: &'a Kernels,
+    /// The communicator's control block and timeout.
+    pub health: &'a Health,
 }
 
 /// How a receive combines with what the buffer holds: `dst = a ⊕ dst` with the kernels, instead
@@ -74,6 +89,7 @@ fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
 fn group(
     net: &mut NetRank,
     ops: &MemOps,
+    bound: Bound<'_>,
     plan: &P2pPlan,
     bufs: &[u64],
     stream: &CudaStream,
@@ -100,7 +116,7 @@ fn group(
     }
     let me = net.rank;
     net.proxy.post(program(plan, me, &net.sent, |q| q != me)?)?;
-    let issued = issue(net, &mem, ops, plan, bufs, stream, combine);
+    let issued = issue(net, &mem, ops, bound, plan, bufs, stream, combine);
     if issued.is_err() {
         // Signals already enqueued cannot be taken back: the peers' counters and ours no
         // longer agree.
@@ -126,7 +142,7 @@ fn group(
 pub fn collective(
     net: &mut NetRank,
     ops: &MemOps,
-    kernels: &Kernels,
+    bound: Bound<'_>,
     cap: u32,
     (dtype, op): (DataType, RedOp),
     (send, recv): (u64, u64),
@@ -154,21 +170,23 @@ pub fn collective(
             .collect();
         let plan = p2p::plan(r, n, &group_ops, slot)?;
         let combine = g.reduce.then_some(Combine {
-            kernels,
+            kernels: bound.kernels,
             cap,
             dtype,
             op,
             postdiv: g.postdiv,
         });
-        group(net, ops, &plan, &bufs, stream, combine)?;
+        group(net, ops, bound, &plan, &bufs, stream, combine)?;
     }
     record(end, stream, r)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn issue(
     net: &NetRank,
     mem: &NetMem,
     ops: &MemOps,
+    bound: Bound<'_>,
     plan: &P2pPlan,
     bufs: &[u64],
     stream: &CudaStream,
@@ -200,8 +218,18 @@ fn issue(
                 unsafe { ops.write(stream, posted + 8 * peer as u64, net.sent[peer] + k, r) }?
             }
             Action::Wait { peer, k } if peer < n => {
-                // SAFETY: as above, the flag word for `peer`.
-                unsafe { ops.wait_geq(stream, flags + 8 * peer as u64, net.received[peer] + k, r) }?
+                let args = WaitArgs {
+                    flag: flags + 8 * peer as u64,
+                    value: net.received[peer] + k,
+                    ctl: bound.health.ctl(),
+                    timeout_ns: bound.health.timeout_ns(),
+                    slot: 0,
+                    peer: u32::try_from(peer).unwrap_or(u32::MAX),
+                };
+                // SAFETY: the flag word for `peer` in the mapped memory, which the proxy
+                // (holding it) keeps alive, and the communicator's control block, alive until
+                // its drop waits for this call's end.
+                unsafe { bound.kernels.launch_wait(stream, &args) }?
             }
             Action::Copy {
                 from: from @ Place::Scratch { .. },

@@ -4,7 +4,7 @@
 //! Between processes an event cannot order two streams without the host, so a rank's stream
 //! *signals* a peer by writing a counter into the peer's memory (after its earlier work, with a
 //! memory fence: `cuStreamWriteValue64`), and the peer's stream waits until the counter reaches
-//! a value (`cuStreamWaitValue64`). Counters only grow (no reset, no ABA): the `k`-th signal from
+//! a value (the bounded wait kernel, `gpu_kernels::oneshot::WAIT_ENTRY`). Counters only grow (no reset, no ABA): the `k`-th signal from
 //! rank `p` to rank `e` in a call writes `base + k`, where `base` counts that pair's signals of
 //! earlier calls; both processes know `base`, because every rank runs the same calls with the
 //! same schedules.

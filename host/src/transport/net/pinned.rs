@@ -1,6 +1,6 @@
 //! A [`NetMem`] in pinned host memory mapped into a device (`cuMemHostAlloc` with
 //! `CU_MEMHOSTALLOC_DEVICEMAP`): the proxy reads and writes it from the host, the rank's stream
-//! through its device address (copies, `cuStreamWriteValue64`, `cuStreamWaitValue64`).
+//! through its device address (copies, `cuStreamWriteValue64`, the bounded wait kernel).
 
 use std::ffi::c_void;
 use std::sync::Arc;

@@ -29,9 +29,9 @@ fn chunk_tag(src: usize, k: u64) -> u64 {
 const MAGIC: u32 = 0x5443_4e52;
 const KIND_SIGNAL: u32 = 1;
 const KIND_BYE: u32 = 2;
-/// What a failed proxy adds to every flag word, so that every wait of a stream is satisfied:
-/// `cuStreamWaitValue64`'s "greater or equal" is cyclic (`(i64)(flag - value) >= 0`), so the
-/// flag must move ahead by less than 2^63 (and far more than any call's signals).
+/// What a failed proxy adds to every flag word, so that every wait of a stream is satisfied at
+/// once (the wait kernel compares `flag >= value`; counters start at 0, so adding 2^62 cannot
+/// wrap, and it is far more than any call's signals).
 const RELEASE: u64 = 1 << 62;
 /// Receives kept posted.
 const POSTED_RECVS: usize = 8;
