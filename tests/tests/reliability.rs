@@ -180,6 +180,37 @@ fn is_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
+const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
+const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
+
+/// Starts test `name` of this binary as rank `rank` of a job of processes joined by `id`
+/// (read back with `ENV_ID`, `ENV_RANK`), with a 5 s timeout and the extra `env`.
+fn spawn_rank(
+    name: &str,
+    id: &UniqueId,
+    rank: usize,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Child {
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        name,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD, "1")
+    .env(ENV_ID, id.to_string())
+    .env(ENV_RANK, rank.to_string())
+    .env("RINGCCL_TIMEOUT", "5")
+    .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn a rank")
+}
+
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -404,33 +435,13 @@ fn fault_inner() {
     );
 }
 
-const ENV_FAULT_ID: &str = "RINGCCL_TEST_FAULT_ID";
-const ENV_FAULT_RANK: &str = "RINGCCL_TEST_FAULT_RANK";
-
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
 fn a_fault_in_one_process_leaves_the_other_usable() {
     need_two_gpus();
     let id = UniqueId::new().expect("a unique id");
-    let exe = std::env::current_exe().expect("this test binary");
     let mut children: Vec<_> = (0..2)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "faulting_rank",
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD, "1")
-                .env(ENV_FAULT_ID, id.to_string())
-                .env(ENV_FAULT_RANK, r.to_string())
-                .env("RINGCCL_TIMEOUT", "5")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
+        .map(|r| spawn_rank("faulting_rank", &id, r, &[]))
         .collect();
     let t0 = Instant::now();
     let mut status = [None, None];
@@ -465,8 +476,8 @@ fn faulting_rank() {
         return;
     }
     let var = |k| std::env::var(k).expect("set by the parent test");
-    let id: UniqueId = var(ENV_FAULT_ID).parse().expect("the id");
-    let rank: usize = var(ENV_FAULT_RANK).parse().expect("the rank");
+    let id: UniqueId = var(ENV_ID).parse().expect("the id");
+    let rank: usize = var(ENV_RANK).parse().expect("the rank");
     let comm = Communicator::init_rank(2, &id, rank, rank).expect("init_rank");
     let stream = comm.stream(rank).clone();
     let count = 1024usize;
@@ -766,8 +777,6 @@ fn process_ranks_time_out_and_abort() {
     });
 }
 
-const ENV_ID: &str = "RINGCCL_TEST_KILL_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_KILL_RANK";
 const ENV_DIR: &str = "RINGCCL_TEST_KILL_DIR";
 
 #[test]
@@ -777,26 +786,8 @@ fn a_killed_process_makes_its_peer_fail_in_time() {
     let id = UniqueId::new().expect("a unique id");
     let dir = std::env::temp_dir().join(format!("ringccl-kill-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let exe = std::env::current_exe().expect("this test binary");
     let mut children: Vec<_> = (0..2)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "killed_rank",
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD, "1")
-                .env(ENV_ID, id.to_string())
-                .env(ENV_RANK, r.to_string())
-                .env(ENV_DIR, &dir)
-                .env("RINGCCL_TIMEOUT", "5")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
+        .map(|r| spawn_rank("killed_rank", &id, r, &[(ENV_DIR, dir.as_os_str())]))
         .collect();
     let ready = dir.join("rank1.ready");
     let t0 = Instant::now();
