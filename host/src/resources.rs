@@ -689,6 +689,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_graph_hold_frees_what_it_holds_with_its_last_reference() {
+        struct Flag(Arc<AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let freed = Arc::new(AtomicBool::new(false));
+        let hold: Arc<GraphHold> = Arc::default();
+        let graph_ref = Arc::clone(&hold); // what a captured call gives its graph
+        hold.hold(Box::new(Flag(Arc::clone(&freed))));
+        drop(hold); // the communicator's drop
+        assert!(!freed.load(Ordering::SeqCst), "freed while a graph holds it");
+        drop(graph_ref); // the last graph goes
+        assert!(freed.load(Ordering::SeqCst));
+    }
+
+    #[test]
     fn scratch_rounds_to_granule() {
         assert_eq!(round_up(1, SCRATCH_GRANULE), SCRATCH_GRANULE);
         assert_eq!(round_up(SCRATCH_GRANULE, SCRATCH_GRANULE), SCRATCH_GRANULE);

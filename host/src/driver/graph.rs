@@ -154,3 +154,37 @@ pub unsafe fn keep_alive_in_graph<T: Send + 'static>(graph: sys::CUgraph, value:
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread::ThreadId;
+
+    use super::*;
+
+    /// Sends the id of the thread that drops it.
+    struct Witness(mpsc::Sender<ThreadId>);
+
+    impl Drop for Witness {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().id());
+        }
+    }
+
+    #[test]
+    fn the_destructor_drops_the_value_on_a_thread_of_its_own() {
+        let (tx, rx) = mpsc::channel();
+        let boxed: Box<Box<dyn Send>> = Box::new(Box::new(Witness(tx)));
+        HELD.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: `release` takes back a pointer made by `Box::into_raw` of this type, once,
+        // as the driver would call it.
+        unsafe { release(Box::into_raw(boxed).cast()) };
+        let dropped_on = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the value is dropped");
+        assert_ne!(dropped_on, std::thread::current().id(), "dropped on the driver's thread");
+        // A null pointer is ignored.
+        // SAFETY: null is checked first.
+        unsafe { release(std::ptr::null_mut()) };
+    }
+}
