@@ -1,0 +1,766 @@
+//! The C entry points for communicators: creation (`ncclCommInitRank*`, `ncclCommInitAll`,
+//! `ncclCommSplit`…), teardown (`ncclCommFinalize`, `ncclCommDestroy`, `ncclCommAbort`),
+//! queries, buffer registration and memory (`ncclMemAlloc`), and reduction operators. Each
+//! checks its C arguments and calls [`crate::comm`] inside [`guard`].
+
+use std::ffi::{c_int, c_void};
+
+use ringccl::{Communicator, UniqueId};
+
+use crate::comm::{Handle, Member, World};
+use crate::cuda::KeepContext;
+use crate::error::{guard, Fail, Result};
+use crate::types::*;
+use crate::{blocking, index, ncclComm_t, ncclWindow_t, put};
+use crate::{cuda, debug, group};
+
+/// The shared part of `ncclCommInitRank*`.
+///
+/// # Safety
+///
+/// `out` NULL or valid to write; `config` as for [`blocking`].
+unsafe fn init_rank(
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: &ncclUniqueId,
+    rank: c_int,
+    config: *const ncclConfig_t,
+) -> Result<()> {
+    if out.is_null() {
+        return Err(Fail::arg("comm is NULL"));
+    }
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| Fail::arg(format!("nranks {nranks} must be at least 1")))?;
+    let rank = index(rank, n, "rank")?;
+    // SAFETY: the caller's contract.
+    let blocking = unsafe { blocking(config) }?;
+    let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+    let id = UniqueId::from_bytes(&bytes)
+        .map_err(|e| Fail::arg(format!("commId is not an id from ncclGetUniqueId: {e}")))?;
+    let device = cuda::current_device()?;
+    debug::banner();
+    debug::info(|| format!("ncclCommInitRank: rank {rank} of {n} on device {device}"));
+    let job = move || -> Result<Member> {
+        let _keep = KeepContext::new();
+        let comm = Communicator::init_rank(n, &id, rank, device).map_err(Fail::from)?;
+        Ok(Member {
+            world: World::new(comm),
+            rank,
+            index: 0,
+        })
+    };
+    if blocking && group::depth() == 0 {
+        let m = job()?;
+        // SAFETY: checked non-null; the caller's contract.
+        unsafe { out.write(Handle::ready(m)) };
+        return Ok(());
+    }
+    // Non-blocking, or inside a group (several ranks of one world may be initialised from
+    // one thread, as in NCCL): initialise in a thread of its own.
+    let thread = std::thread::Builder::new()
+        .name(format!("ringccl-init-{rank}"))
+        .spawn(job)
+        .map_err(|e| Fail::new(NCCL_SYSTEM_ERROR, format!("cannot start a thread: {e}")))?;
+    let h = Handle::initializing(thread, blocking);
+    // SAFETY: checked non-null; the caller's contract.
+    unsafe { out.write(h) };
+    if blocking {
+        group::init_started(Handle::from_ptr(h)?);
+        Ok(())
+    } else {
+        Err(Fail::new(NCCL_IN_PROGRESS, "initialising"))
+    }
+}
+
+/// `ncclCommInitRank`: rank `rank` of `nranks` on the current CUDA device; returns once every
+/// rank has joined (inside a group: at `ncclGroupEnd`).
+///
+/// # Safety
+///
+/// `comm` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut n = 0;
+///     assert_eq!(ncclCommCount(comm, &mut n), 0);
+///     assert_eq!(n, 1);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    comm_id: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    // SAFETY: the caller's contract.
+    guard("ncclCommInitRank", || unsafe {
+        init_rank(comm, nranks, &comm_id, rank, std::ptr::null())
+    })
+}
+
+/// `ncclCommInitRankConfig`: [`ncclCommInitRank`] with a config; `config.blocking = 0` makes
+/// it return `ncclInProgress` at once (poll `ncclCommGetAsyncError`). Other fields are
+/// accepted and ignored.
+///
+/// # Safety
+///
+/// `comm` is NULL or valid to write; `config` is NULL or an initialised `ncclConfig_t`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let id = types::ncclUniqueId { internal: [0; 128] };
+/// let mut comm = null_mut();
+/// // SAFETY: all-zero bytes are a valid ncclConfig_t (integers and null pointers).
+/// let mut config: types::ncclConfig_t = unsafe { std::mem::zeroed() };
+/// // A config not made with NCCL_CONFIG_INITIALIZER (no magic) is refused before anything runs.
+/// // SAFETY: valid pointers.
+/// assert_eq!(unsafe { ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut config) }, 4);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    comm_id: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    // SAFETY: the caller's contract.
+    guard("ncclCommInitRankConfig", || unsafe {
+        init_rank(comm, nranks, &comm_id, rank, config)
+    })
+}
+
+/// `ncclCommInitRankScalable`: as [`ncclCommInitRankConfig`]; ringccl's rendezvous needs one
+/// root, so the first of the `n_id` ids is used (every rank gets the same array).
+///
+/// # Safety
+///
+/// `newcomm` NULL or valid to write; `comm_ids` NULL or `n_id` ids; `config` as above.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut comm = null_mut();
+/// // SAFETY: no ids: refused.
+/// assert_eq!(unsafe { ncclCommInitRankScalable(&mut comm, 2, 0, 0, null_mut(), null_mut()) }, 4);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    n_id: c_int,
+    comm_ids: *mut ncclUniqueId,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    guard("ncclCommInitRankScalable", || {
+        if comm_ids.is_null() || n_id < 1 {
+            return Err(Fail::arg(format!("commIds is NULL or nId {n_id} < 1")));
+        }
+        // SAFETY: non-null; the caller passes `n_id` >= 1 ids.
+        let id = unsafe { *comm_ids };
+        // SAFETY: the caller's contract.
+        unsafe { init_rank(newcomm, nranks, &id, myrank, config) }
+    })
+}
+
+/// `ncclCommInitAll`: one communicator of `ndev` ranks in this process, rank `i` on device
+/// `devlist[i]` (or `i` when `devlist` is NULL); `comms[i]` is rank `i`.
+///
+/// # Safety
+///
+/// `comms` is NULL or valid for `ndev` writes; `devlist` is NULL or `ndev` ints.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// let mut comms = [std::ptr::null_mut(); 2];
+/// // SAFETY: room for 2 handles; devices 0 and 1.
+/// assert_eq!(unsafe { ncclCommInitAll(comms.as_mut_ptr(), 2, [0, 1].as_ptr()) }, 0);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comms: *mut ncclComm_t,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    guard("ncclCommInitAll", || {
+        if comms.is_null() {
+            return Err(Fail::arg("comms is NULL"));
+        }
+        let n = usize::try_from(ndev)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| Fail::arg(format!("ndev {ndev} must be at least 1")))?;
+        let ordinals: Vec<usize> = if devlist.is_null() {
+            (0..n).collect()
+        } else {
+            // SAFETY: the caller passes `ndev` ints.
+            let list = unsafe { std::slice::from_raw_parts(devlist, n) };
+            list.iter()
+                .map(|&d| usize::try_from(d).map_err(|_| Fail::arg(format!("devlist holds {d}"))))
+                .collect::<Result<_>>()?
+        };
+        debug::banner();
+        let world = World::new(Communicator::new(&ordinals).map_err(Fail::from)?);
+        for rank in 0..n {
+            let h = Handle::ready(Member {
+                world: world.clone(),
+                rank,
+                index: rank,
+            });
+            // SAFETY: the caller passes room for `ndev` handles.
+            unsafe { comms.add(rank).write(h) };
+        }
+        Ok(())
+    })
+}
+
+/// `ncclCommSplit`: not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+///
+/// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut out = null_mut();
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclCommSplit(null_mut(), 0, 0, &mut out, null_mut()) }, 5); // ncclInvalidUsage
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let _ = (comm, color, key, newcomm, config);
+    guard("ncclCommSplit", || {
+        Err(Fail::unsupported(
+            "ncclCommSplit",
+            "create the new communicator with ncclGetUniqueId and ncclCommInitRank",
+        ))
+    })
+}
+
+/// `ncclCommShrink`: not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+///
+/// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut out = null_mut();
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclCommShrink(null_mut(), null_mut(), 0, &mut out, null_mut(), 0) }, 5);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: ncclComm_t,
+    exclude_ranks_list: *mut c_int,
+    exclude_ranks_count: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrink_flags: c_int,
+) -> ncclResult_t {
+    let _ = (
+        comm,
+        exclude_ranks_list,
+        exclude_ranks_count,
+        newcomm,
+        config,
+        shrink_flags,
+    );
+    guard("ncclCommShrink", || {
+        Err(Fail::unsupported(
+            "ncclCommShrink",
+            "create the new communicator with ncclGetUniqueId and ncclCommInitRank",
+        ))
+    })
+}
+
+/// `ncclCommRevoke`: not supported (`ncclInvalidUsage`); use `ncclCommAbort`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommRevoke(null_mut(), 0), 5);
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclResult_t {
+    let _ = (comm, revoke_flags);
+    guard("ncclCommRevoke", || {
+        Err(Fail::unsupported("ncclCommRevoke", "use ncclCommAbort"))
+    })
+}
+
+/// `ncclCommFinalize`: waits for the communicator's work; afterwards only queries and
+/// `ncclCommDestroy` are allowed.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclCommFinalize(comm), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    guard("ncclCommFinalize", || Handle::from_ptr(comm)?.finalize())
+}
+
+/// `ncclCommDestroy`: releases this rank (the communicator is freed with its last rank, after
+/// its last work ends). A later use of the handle is `ncclInvalidUsage`.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommDestroy(null_mut()), 4); // ncclInvalidArgument: NULL
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    guard("ncclCommDestroy", || Handle::from_ptr(comm)?.destroy())
+}
+
+/// `ncclCommAbort`: cancels the communicator's pending and future work (ringccl's
+/// `Communicator::abort`: device waits released, bounded by the timeout), then as
+/// [`ncclCommDestroy`].
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommAbort(null_mut()), 4);
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    guard("ncclCommAbort", || Handle::from_ptr(comm)?.abort())
+}
+
+/// `ncclCommGetAsyncError`: `ncclInProgress` while a non-blocking initialisation runs, its
+/// error if it failed, the first failure of the communicator's work (a timeout, a device
+/// fault, an abort: ringccl's `Communicator::async_error`), else `ncclSuccess`.
+///
+/// # Safety
+///
+/// `async_error` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut state = 0;
+///     assert_eq!(ncclCommGetAsyncError(comm, &mut state), 0);
+///     assert_eq!(state, 0); // ncclSuccess
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: ncclComm_t,
+    async_error: *mut ncclResult_t,
+) -> ncclResult_t {
+    guard("ncclCommGetAsyncError", || {
+        let e = Handle::from_ptr(comm)?.async_error()?;
+        // SAFETY: the caller's contract.
+        unsafe { put(async_error, "asyncError", e) }
+    })
+}
+
+/// `ncclCommCount`: the number of ranks.
+///
+/// # Safety
+///
+/// `count` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut n = 0;
+///     assert_eq!(ncclCommCount(comm, &mut n), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    guard("ncclCommCount", || {
+        let m = Handle::from_ptr(comm)?.query()?;
+        let n = c_int::try_from(m.world.comm.nranks()).unwrap_or(c_int::MAX);
+        // SAFETY: the caller's contract.
+        unsafe { put(count, "count", n) }
+    })
+}
+
+/// `ncclCommCuDevice`: the rank's CUDA device ordinal.
+///
+/// # Safety
+///
+/// `device` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut d = -1;
+///     assert_eq!(ncclCommCuDevice(comm, &mut d), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    guard("ncclCommCuDevice", || {
+        let m = Handle::from_ptr(comm)?.query()?;
+        let d = c_int::try_from(m.world.comm.ordinal(m.rank)).unwrap_or(c_int::MAX);
+        // SAFETY: the caller's contract.
+        unsafe { put(device, "device", d) }
+    })
+}
+
+/// `ncclCommUserRank`: the rank.
+///
+/// # Safety
+///
+/// `rank` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut r = -1;
+///     assert_eq!(ncclCommUserRank(comm, &mut r), 0);
+///     assert_eq!(r, 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    guard("ncclCommUserRank", || {
+        let m = Handle::from_ptr(comm)?.query()?;
+        let r = c_int::try_from(m.rank).unwrap_or(c_int::MAX);
+        // SAFETY: the caller's contract.
+        unsafe { put(rank, "rank", r) }
+    })
+}
+
+/// `ncclCommRegister`: accepted as a hint with no effect (ringccl moves data through its own
+/// exported buffers); the handle it returns is the buffer's address.
+///
+/// # Safety
+///
+/// `handle` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     let mut handle = null_mut();
+///     assert_eq!(ncclCommRegister(comm, buf, 4096, &mut handle), 0);
+///     assert_eq!(ncclCommDeregister(comm, handle), 0);
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> ncclResult_t {
+    let _ = size;
+    guard("ncclCommRegister", || {
+        Handle::from_ptr(comm)?.member()?;
+        if buff.is_null() {
+            return Err(Fail::arg("buff is NULL"));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { put(handle, "handle", buff) }
+    })
+}
+
+/// `ncclCommDeregister`: the end of [`ncclCommRegister`]'s hint.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommDeregister(null_mut(), null_mut()), 4);
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    guard("ncclCommDeregister", || {
+        Handle::from_ptr(comm)?.query()?;
+        if handle.is_null() {
+            return Err(Fail::arg("handle is NULL"));
+        }
+        Ok(())
+    })
+}
+
+/// `ncclCommWindowRegister`: not supported (`ncclInvalidUsage`): ringccl has no symmetric
+/// windows.
+///
+/// # Safety
+///
+/// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut win = null_mut();
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclCommWindowRegister(null_mut(), null_mut(), 0, &mut win, 0) }, 5);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommWindowRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut ncclWindow_t,
+    win_flags: c_int,
+) -> ncclResult_t {
+    let _ = (comm, buff, size, win, win_flags);
+    guard("ncclCommWindowRegister", || {
+        Err(Fail::unsupported(
+            "ncclCommWindowRegister",
+            "ringccl has no symmetric memory windows; plain buffers work with every collective",
+        ))
+    })
+}
+
+/// `ncclCommWindowDeregister`: not supported (no window is ever created).
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclCommWindowDeregister(null_mut(), null_mut()), 5);
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+    let _ = (comm, win);
+    guard("ncclCommWindowDeregister", || {
+        Err(Fail::unsupported(
+            "ncclCommWindowDeregister",
+            "ringccl never creates windows",
+        ))
+    })
+}
+
+/// `ncclDevCommCreate` (nccl_device.h): not supported (`ncclInvalidUsage`): ringccl has no
+/// device-side API.
+///
+/// # Safety
+///
+/// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclDevCommCreate(null_mut(), std::ptr::null(), null_mut()) }, 5);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclDevCommCreate(
+    comm: ncclComm_t,
+    reqs: *const c_void,
+    out_dev_comm: *mut c_void,
+) -> ncclResult_t {
+    let _ = (comm, reqs, out_dev_comm);
+    guard("ncclDevCommCreate", || {
+        Err(Fail::unsupported(
+            "ncclDevCommCreate",
+            "ringccl has no device-side API",
+        ))
+    })
+}
+
+/// `ncclDevCommDestroy` (nccl_device.h): not supported (`ncclInvalidUsage`).
+///
+/// # Safety
+///
+/// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: nothing is read.
+/// assert_eq!(unsafe { ncclDevCommDestroy(null_mut(), std::ptr::null()) }, 5);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclDevCommDestroy(
+    comm: ncclComm_t,
+    dev_comm: *const c_void,
+) -> ncclResult_t {
+    let _ = (comm, dev_comm);
+    guard("ncclDevCommDestroy", || {
+        Err(Fail::unsupported(
+            "ncclDevCommDestroy",
+            "ringccl has no device-side API",
+        ))
+    })
+}
+
+/// `ncclMemAlloc`: `size` bytes of device memory on the current device (`cuMemAlloc`).
+///
+/// # Safety
+///
+/// `ptr` is NULL or valid to write.
+///
+/// ```no_run
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let (mut comm, mut id) = (null_mut(), types::ncclUniqueId { internal: [0; 128] });
+/// let mut buf = null_mut();
+/// // SAFETY: valid out-pointers; `buf` is 4 KiB of device memory on the current device.
+/// unsafe {
+///     assert_eq!(ncclGetUniqueId(&mut id), 0);
+///     assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), 0); // a communicator of one rank
+///     assert_eq!(ncclMemAlloc(&mut buf, 4096), 0);
+///     assert_eq!(ncclMemFree(buf), 0);
+///     buf = null_mut();
+///     assert_eq!(ncclCommDestroy(comm), 0);
+/// }
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+    guard("ncclMemAlloc", || {
+        if ptr.is_null() {
+            return Err(Fail::arg("ptr is NULL"));
+        }
+        let p = cuda::mem_alloc(size)?;
+        // SAFETY: checked non-null; the caller's contract.
+        unsafe { put(ptr, "ptr", p as *mut c_void) }
+    })
+}
+
+/// `ncclMemFree`: frees memory from [`ncclMemAlloc`] (NULL: nothing).
+///
+/// # Safety
+///
+/// `ptr` is NULL or from [`ncclMemAlloc`], and no work still uses it.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// // SAFETY: NULL frees nothing.
+/// assert_eq!(unsafe { ncclMemFree(null_mut()) }, 0);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+    guard("ncclMemFree", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { cuda::mem_free(ptr as u64) }
+    })
+}
+
+/// `ncclRedOpCreatePreMulSum`: not supported (`ncclInvalidUsage`): ringccl has sum, prod,
+/// max, min and avg only.
+///
+/// # Safety
+///
+/// None of the pointers is read.
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// let mut op = 0;
+/// let mut scalar = 0.5f32;
+/// // SAFETY: nothing is read.
+/// let r = unsafe { ncclRedOpCreatePreMulSum(&mut op, (&mut scalar as *mut f32).cast(), 7, 1, null_mut()) };
+/// assert_eq!(r, 5);
+/// ```
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut ncclRedOp_t,
+    scalar: *mut c_void,
+    datatype: ncclDataType_t,
+    residence: ncclScalarResidence_t,
+    comm: ncclComm_t,
+) -> ncclResult_t {
+    let _ = (op, scalar, datatype, residence, comm);
+    guard("ncclRedOpCreatePreMulSum", || {
+        Err(Fail::unsupported(
+            "ncclRedOpCreatePreMulSum",
+            "ringccl reduces with ncclSum, ncclProd, ncclMax, ncclMin and ncclAvg only",
+        ))
+    })
+}
+
+/// `ncclRedOpDestroy`: `ncclInvalidArgument` (no custom operator ever exists).
+///
+/// ```
+/// use ringccl_nccl::*;
+/// use std::ptr::null_mut;
+/// assert_eq!(ncclRedOpDestroy(5, null_mut()), 4);
+/// ```
+#[no_mangle]
+pub extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+    let _ = comm;
+    guard("ncclRedOpDestroy", || {
+        Err(Fail::arg(format!(
+            "operator {op} was not made by ncclRedOpCreatePreMulSum (ringccl makes none)"
+        )))
+    })
+}
