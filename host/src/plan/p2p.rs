@@ -434,6 +434,26 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 256,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Any group (random transfers among up to 6 ranks, self copies and several
+        /// operations per pair included, in any order), any slot size, random interleavings.
+        #[test]
+        fn random_groups_deliver_every_byte(
+            n in 1usize..7,
+            picks in proptest::collection::vec((0usize..6, 0usize..6, 0usize..200), 0..14),
+            slot in 1usize..64,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let group: Vec<Transfer> = picks.into_iter().map(|(a, b, bytes)| (a % n, b % n, bytes)).collect();
+            simulate(&group, n, slot, seed);
+        }
+    }
+
     #[test]
     fn two_ranks_both_ways_every_size() {
         for a in [0, 1, 15, 16, 17, 40, 64, 100] {
