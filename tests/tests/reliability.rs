@@ -123,6 +123,20 @@ fn checked_all_reduce(comm: &Communicator, count: usize) {
     }
 }
 
+/// Launches a kernel that stores to an illegal address on `stream` (of `ctx`): the context
+/// faults. Only for a process that exists for it.
+fn fault(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) {
+    let f = test_kernel(ctx, "ringccl_test_fault");
+    let bad: u64 = 16;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: deliberately faults the context (the caller's process exists for it).
+    unsafe { stream.launch_builder(&f).arg(&bad).launch(cfg) }.expect("launch");
+}
+
 /// Allocates, fills, copies and reads back on `ordinal` with a fresh handle of its primary
 /// context: the context is alive.
 fn gpu_usable(ordinal: usize) {
@@ -392,16 +406,8 @@ fn fault_inner() {
                 .expect("upload")
         })
         .collect();
-    let f = test_kernel(comm.context(1), "ringccl_test_fault");
-    let bad: u64 = 16;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let t0 = Instant::now();
-    // SAFETY: deliberately faults GPU 1's context (this process exists for it).
-    unsafe { comm.stream(1).launch_builder(&f).arg(&bad).launch(cfg) }.expect("launch");
+    fault(comm.context(1), comm.stream(1));
     std::thread::sleep(Duration::from_millis(200));
     let mut io: Vec<Io<f32>> = bufs.iter_mut().map(Io::in_place).collect();
     let called = comm.all_reduce(&mut io, 1024, RedOp::Sum, comm.streams());
@@ -488,15 +494,7 @@ fn faulting_rank() {
         .and_then(|()| comm.synchronize())
         .expect("a first all-reduce");
     if rank == 1 {
-        let f = test_kernel(comm.context(1), "ringccl_test_fault");
-        let bad: u64 = 16;
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: deliberately faults GPU 1's context (this process exists for it).
-        unsafe { stream.launch_builder(&f).arg(&bad).launch(cfg) }.expect("launch");
+        fault(comm.context(1), &stream);
         std::thread::sleep(Duration::from_millis(200));
     }
     let t0 = Instant::now();
