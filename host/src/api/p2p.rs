@@ -357,7 +357,8 @@ impl Communicator {
                 used[j] = true;
             }
             // Not under CUDA-graph capture (see `track` in `api`).
-            let capturing = exec::capturing(streams)?;
+            let capture = exec::capture(streams)?;
+            let capturing = capture.is_some();
             let guards: Vec<SyncOnDrop<'_>> = ops
                 .iter_mut()
                 .zip(&used)
@@ -367,7 +368,7 @@ impl Communicator {
                     o.track(streams[r].as_ref())
                 })
                 .collect();
-            let result = self.enqueue_rounds::<T, S>(&pairs, &rounds, streams);
+            let result = self.enqueue_rounds::<T, S>(&pairs, &rounds, streams, capture);
             drop(guards);
             return result;
         };

@@ -9,6 +9,7 @@ use super::collective::Need;
 use super::validate::{bytes, check_buf, check_common, Held};
 use super::stream_devices;
 use crate::comm::Communicator;
+use crate::driver::graph::Capture;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
 use crate::plan::{tuning, Prepared};
@@ -255,7 +256,8 @@ impl Communicator {
             used[i] = true;
         }
         // Not under CUDA-graph capture (see `track` in `api`).
-        let capturing = exec::capturing(streams)?;
+        let capture = exec::capture(streams)?;
+        let capturing = capture.is_some();
         let guards: Vec<[SyncOnDrop<'_>; 2]> = pairs
             .iter_mut()
             .zip(&used)
@@ -268,23 +270,24 @@ impl Communicator {
                 ]
             })
             .collect();
-        let result = self.enqueue_rounds::<T, S>(&args, &rounds, streams);
+        let result = self.enqueue_rounds::<T, S>(&args, &rounds, streams, capture);
         drop(guards);
         result
     }
 
     /// Enqueues validated transfers `args` as `rounds` (from [`validate_send_recv`]) on the
-    /// ranks' `streams` (a communicator of one process: every rank's stream). Atomic: every
-    /// round is planned before any is enqueued, and all are enqueued under one lock.
+    /// ranks' `streams` (a communicator of one process: every rank's stream), which are in
+    /// `capture` ([`exec::capture`], read by the caller). Atomic: every round is planned
+    /// before any is enqueued, and all are enqueued under one lock.
     pub(crate) fn enqueue_rounds<T: DeviceElement, S: AsRef<CudaStream>>(
         &self,
         args: &[P2pArgs],
         rounds: &[Vec<usize>],
         streams: &[S],
+        capture: Option<Capture>,
     ) -> Result<()> {
         self.health().check()?;
         let size = T::DTYPE.size();
-        let capture = exec::capture(streams)?;
         let capturing = capture.is_some();
         let n = streams.len();
         let ring = self.ring();
