@@ -35,7 +35,9 @@ pub mod ring;
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use crate::driver::graph::{capture_of, Capture};
+pub use crate::driver::graph::Capture;
+
+use crate::driver::graph::capture_of;
 use crate::driver::launch::Prim;
 use crate::plan::tuning::Traffic;
 use crate::resources::Call;
