@@ -107,7 +107,7 @@ fn group(
         return Ok(());
     }
     let mem = net.proxy.mem().clone();
-    if plan.slot.saturating_mul(2).saturating_mul(n) > mem.scratch_bytes() {
+    if plan.slot.saturating_mul(p2p::SLOTS).saturating_mul(n) > mem.scratch_bytes() {
         return Err(internal(format!(
             "slots of {} bytes for {n} ranks exceed the scratch of {} bytes",
             plan.slot,
@@ -284,7 +284,8 @@ fn issue(
 /// let out = program(&p, 0, &[0, 10], |q| q == 1)?;
 /// assert_eq!(out.len(), 2);
 /// assert_eq!(out[1].k, 12);
-/// assert_eq!(out[1].data.map(|c| (c.from, c.to, c.bytes)), Some((3 * 256, 256, 44)));
+/// // Chunk 1 sits in slot 1 of rank 0's region in rank 1's scratch, and of rank 1's in the outbox.
+/// assert_eq!(out[1].data.map(|c| (c.from, c.to, c.bytes)), Some((5 * 256, 256, 44)));
 /// # Ok::<(), ringccl::Error>(())
 /// ```
 pub fn program(

@@ -4,24 +4,30 @@
 //!
 //! A rank reaches no peer's memory but the peer's scratch (mapped in its process), so a transfer
 //! from rank `s` to rank `d` moves through `d`'s scratch in chunks of [`P2pPlan::slot`] bytes:
-//! `s` copies chunk `k` of its send data into slot `k % 2` of the region `d` keeps for `s`, and
-//! signals *data `k`*; `d` waits for it, copies the chunk out into its receive buffer and signals
-//! *consumed `k`*, after which `s` may fill that slot again (chunk `k + 2`). Before its first
-//! chunk, `s` waits for `d`'s *ready* signal: `d` has reached the group (its earlier work on its
-//! scratch is done).
+//! `s` copies chunk `k` of its send data into slot `k % SLOTS` of the region `d` keeps for `s`
+//! ([`SLOTS`] slots per region), and signals *data `k`*; `d` waits for it, copies the chunk out
+//! into its receive buffer and signals *consumed `k`*, after which `s` may fill that slot again
+//! (chunk `k + SLOTS`). Before its first chunk, `s` waits for `d`'s *ready* signal: `d` has
+//! reached the group (its earlier work on its scratch is done).
+//!
+//! A rank's sends run [`AHEAD`] chunks ahead of its receives, so that while its stream waits for
+//! a peer's chunk `k` its own chunks `k + 1 … k + AHEAD` are already on their way: the link (an
+//! NVLink copy, or the network behind a proxy) always has the next chunks queued, instead of one
+//! chunk per round trip.
 //!
 //! The sends from `s` to `d` in one group are one byte stream (in the order given), and so are
 //! the receives on `d` from `s`: the `i`-th byte sent is the `i`-th byte received, and the totals
 //! must be equal, as in NCCL.
 //!
-//! Signals from `r` to `q` in one group, in the order `r`'s stream issues them (see
-//! [`super::signals`] for the counters): *ready* if `r` receives from `q`, then per chunk index
-//! `k`: *data `k`* (if `r` sends chunk `k` to `q`), *consumed `k`* (if `r` received chunk `k`
-//! from `q`). Both sides compute the same numbers from the same byte counts. A rank issues, in
-//! order: its ready signals; then per `k`, first its chunk-`k` sends to every peer, then its
-//! chunk-`k` receives. Each wait depends on a signal issued earlier in that order by the peer
-//! (chunk `k - 2`'s consumption, or chunk `k`'s data, issued before the chunk-`k` receives), so
-//! no set of ranks can wait on each other in a cycle.
+//! A rank issues, in order: its ready signals; then per round `j`, first its chunk-`j` sends to
+//! every peer, then its chunk-`(j - AHEAD)` receives from every peer. Signals from `r` to `q` in
+//! one group are numbered in that order (see [`super::signals`] for the counters): *ready* if
+//! `r` receives from `q`, then per round `j`: *data `j`* (if `r` sends chunk `j` to `q`),
+//! *consumed `j - AHEAD`* (if `r` received that chunk from `q`). Both sides compute the same
+//! numbers from the same byte counts. No set of ranks can wait on each other in a cycle: a send
+//! in round `j` waits only for *consumed `j - SLOTS`*, which the peer issued in round
+//! `j - SLOTS + AHEAD = j - 1`; a receive in round `j` waits for *data `j - AHEAD`*, which the
+//! peer issued in round `j - AHEAD`, among its sends, which come before its receives.
 
 use crate::{Arg, Error, Result};
 
@@ -105,6 +111,13 @@ pub struct P2pPlan {
     pub received: Vec<u64>,
 }
 
+/// Slots per (source, destination) region of a scratch: chunk `k` from `s` to `d` uses slot
+/// `k % SLOTS` of the region `d` keeps for `s`.
+pub const SLOTS: usize = 4;
+
+/// Chunks a rank's sends run ahead of its receives (see the module docs): all but one slot.
+pub const AHEAD: usize = SLOTS - 1;
+
 /// The per-pair chunk counts of the signal numbering.
 #[derive(Clone, Copy, Debug, Default)]
 struct Pair {
@@ -115,15 +128,20 @@ struct Pair {
 }
 
 impl Pair {
-    /// The number of the sender's signal for `data k` in the sequence of a rank that sends
-    /// `out` chunks and receives `inn` chunks (see the module docs).
+    /// The number of the sender's signal for `data k` (`k < out`) in the sequence of a rank
+    /// that sends `out` chunks and receives `inn` chunks (see the module docs): the ready
+    /// signal, the data signals of rounds `0..=k`, and the consumed signals of the rounds
+    /// before `k` (chunks `c` with `c + AHEAD < k`).
     fn data(out: usize, inn: usize, k: usize) -> u64 {
-        (usize::from(inn > 0) + k.min(out) + k.min(inn) + 1) as u64
+        debug_assert!(k < out);
+        (usize::from(inn > 0) + k + 1 + k.saturating_sub(AHEAD).min(inn)) as u64
     }
 
-    /// The number of `consumed k` in the same sequence.
-    fn consumed(out: usize, inn: usize, k: usize) -> u64 {
-        (usize::from(inn > 0) + (k + 1).min(out) + k.min(inn) + 1) as u64
+    /// The number of `consumed c` (`c < inn`) in the same sequence: issued in round
+    /// `c + AHEAD`, after that round's data signal.
+    fn consumed(out: usize, inn: usize, c: usize) -> u64 {
+        debug_assert!(c < inn);
+        (usize::from(inn > 0) + (c + AHEAD + 1).min(out) + c + 1) as u64
     }
 
     /// Signals in the sequence.
@@ -132,16 +150,16 @@ impl Pair {
     }
 }
 
-/// The chunk size for `scratch_bytes` of scratch per rank and `nranks` ranks: two slots per
-/// source rank, each a multiple of 256 bytes (`None` if that leaves less than 256 bytes).
+/// The chunk size for `scratch_bytes` of scratch per rank and `nranks` ranks: [`SLOTS`] slots
+/// per source rank, each a multiple of 256 bytes (`None` if that leaves less than 256 bytes).
 ///
 /// ```
 /// use ringccl::internals::plan::p2p::slot_bytes;
-/// assert_eq!(slot_bytes(4 << 20, 2), Some(1 << 20));
+/// assert_eq!(slot_bytes(4 << 20, 2), Some(512 << 10));
 /// assert_eq!(slot_bytes(1024, 4), None);
 /// ```
 pub fn slot_bytes(scratch_bytes: usize, nranks: usize) -> Option<usize> {
-    let per = scratch_bytes / nranks.max(1).saturating_mul(2) / 256 * 256;
+    let per = scratch_bytes / nranks.max(1).saturating_mul(SLOTS) / 256 * 256;
     (per >= 256).then_some(per)
 }
 
@@ -248,25 +266,30 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             actions.push(Action::Signal { peer: q, k: 1 });
         }
     }
-    let rounds = pairs.iter().map(|p| p.out.max(p.inn)).max().unwrap_or(0);
-    let region = |src: usize, k: usize| (src * 2 + k % 2) * slot;
-    for k in 0..rounds {
+    // Round `j`: chunk `j` of every send, then chunk `j - AHEAD` of every receive.
+    let rounds = pairs
+        .iter()
+        .map(|p| p.out.max(if p.inn > 0 { p.inn + AHEAD } else { 0 }))
+        .max()
+        .unwrap_or(0);
+    let region = |src: usize, k: usize| (src * SLOTS + k % SLOTS) * slot;
+    for j in 0..rounds {
         for (q, p) in pairs.iter().enumerate() {
-            if k >= p.out {
+            if j >= p.out {
                 continue;
             }
             // The peer's sequence: it sends `p.inn` chunks to this rank and receives `p.out`.
-            if k == 0 {
+            if j == 0 {
                 actions.push(Action::Wait { peer: q, k: 1 });
-            } else if k >= 2 {
+            } else if j >= SLOTS {
                 actions.push(Action::Wait {
                     peer: q,
-                    k: Pair::consumed(p.inn, p.out, k - 2),
+                    k: Pair::consumed(p.inn, p.out, j - SLOTS),
                 });
             }
-            let start = k * slot;
+            let start = j * slot;
             let len = slot.min(total(&outs[q])? - start);
-            let mut at = region(me, k);
+            let mut at = region(me, j);
             for (op, offset, bytes) in pieces(&outs[q], start, len) {
                 actions.push(Action::Copy {
                     from: Place::Op { op, offset },
@@ -277,9 +300,12 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             }
             actions.push(Action::Signal {
                 peer: q,
-                k: Pair::data(p.out, p.inn, k),
+                k: Pair::data(p.out, p.inn, j),
             });
         }
+        let Some(k) = j.checked_sub(AHEAD) else {
+            continue;
+        };
         for (q, p) in pairs.iter().enumerate() {
             if k >= p.inn {
                 continue;
@@ -354,7 +380,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        let mut scratch = vec![vec![0u8; n * 2 * slot]; n];
+        let mut scratch = vec![vec![0u8; n * SLOTS * slot]; n];
         let mut flags = vec![vec![0u64; n]; n]; // flags[receiver][sender]
         let mut pc = vec![0usize; n];
         let mut rng = seed;
@@ -513,9 +539,10 @@ mod tests {
 
     #[test]
     fn slots_of_scratch() {
-        assert_eq!(slot_bytes(4 << 20, 8), Some(256 << 10));
-        assert_eq!(slot_bytes(4 << 20, 1024), Some(2048));
-        assert_eq!(slot_bytes(1000, 1), Some(256));
+        assert_eq!(slot_bytes(4 << 20, 8), Some(128 << 10));
+        assert_eq!(slot_bytes(4 << 20, 1024), Some(1024));
+        assert_eq!(slot_bytes(1024, 1), Some(256));
+        assert_eq!(slot_bytes(1000, 1), None);
         assert_eq!(slot_bytes(0, 0), None);
     }
 }

@@ -210,19 +210,25 @@ impl NetMem {
 }
 
 /// Where in rank `me`'s outbox a plan's copy to `offset` of peer `peer`'s scratch goes, for
-/// slots of `slot` bytes: the same slot, indexed by destination (`(peer * 2 + k % 2) * slot`
-/// rather than the plan's `(me * 2 + k % 2) * slot`).
+/// slots of `slot` bytes: the same slot, indexed by destination (`(peer * SLOTS + k % SLOTS) *
+/// slot` rather than the plan's `(me * SLOTS + k % SLOTS) * slot`, with
+/// [`SLOTS`](crate::plan::p2p::SLOTS) slots per region).
 ///
 /// ```
+/// use ringccl::internals::plan::p2p::SLOTS;
 /// use ringccl::internals::transport::net::outbox_offset;
-/// // Rank 1 sends to rank 3; its region in rank 3's scratch starts at 2 slots.
-/// assert_eq!(outbox_offset(1, 3, 256, 2 * 256 + 300), Some(6 * 256 + 300));
+/// // Rank 1 sends to rank 3; its region in rank 3's scratch starts at SLOTS slots.
+/// assert_eq!(
+///     outbox_offset(1, 3, 256, SLOTS * 256 + 300),
+///     Some(3 * SLOTS * 256 + 300)
+/// );
 /// ```
 pub fn outbox_offset(me: usize, peer: usize, slot: usize, offset: usize) -> Option<usize> {
-    let region = me.checked_mul(2)?.checked_mul(slot)?;
+    use crate::plan::p2p::SLOTS;
+    let region = me.checked_mul(SLOTS)?.checked_mul(slot)?;
     let within = offset.checked_sub(region)?;
-    if within >= 2 * slot {
+    if within >= SLOTS.checked_mul(slot)? {
         return None;
     }
-    peer.checked_mul(2)?.checked_mul(slot)?.checked_add(within)
+    peer.checked_mul(SLOTS)?.checked_mul(slot)?.checked_add(within)
 }

@@ -78,8 +78,9 @@ pub fn pinned(
     })
 }
 
-/// Bytes of a rank's network scratch (and outbox): two slots per peer.
-pub const NET_SCRATCH_BYTES: usize = 4 << 20;
+/// Bytes of a rank's network scratch (and outbox): `plan::p2p::SLOTS` slots per peer (2 MiB
+/// chunks between two ranks).
+pub const NET_SCRATCH_BYTES: usize = 16 << 20;
 
 impl super::NetRank {
     /// Rank `rank` of `nranks` on `ctx`'s device: pinned, device-mapped memory of

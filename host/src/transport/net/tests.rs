@@ -260,9 +260,9 @@ fn megabyte_chunks_both_ways() {
     if !have_ucx() {
         return;
     }
-    // The GPU path's slots: 4 MiB of scratch for 2 ranks is 1 MiB per chunk (UCX's rendezvous
+    // The GPU path's slots: its scratch for 2 ranks is 2 MiB per chunk (UCX's rendezvous
     // protocol, where small chunks go eagerly).
-    threads_with(2, 4 << 20, |rank| {
+    threads_with(2, crate::transport::net::pinned::NET_SCRATCH_BYTES, |rank| {
         let peer = 1 - rank.me;
         let bytes = (9 << 20) + 12_345;
         let pattern = |from: usize| -> Vec<u8> {
