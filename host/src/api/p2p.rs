@@ -418,14 +418,14 @@ impl Communicator {
         let mut state = p.lock();
         // Through the network transport (`RINGCCL_NET=ucx`) or the mapped scratch.
         let mut net = p.net.as_ref().map(|n| n.lock().unwrap_or_else(|e| e.into_inner()));
-        let scratch = match &net {
-            Some(n) => n.proxy.mem().scratch_bytes(),
-            None => state.windows.scratch_bytes(),
+        let (scratch, slots) = match &net {
+            Some(n) => (n.proxy.mem().scratch_bytes(), p2p::NET_SLOTS),
+            None => (state.windows.scratch_bytes(), p2p::IPC_SLOTS),
         };
-        let slot = p2p::slot_bytes(scratch, p.nranks).ok_or_else(|| Error::Internal {
+        let slot = p2p::slot_bytes(scratch, p.nranks, slots).ok_or_else(|| Error::Internal {
             reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),
         })?;
-        let plan = p2p::plan(p.rank, p.nranks, &pops, slot)?;
+        let plan = p2p::plan(p.rank, p.nranks, &pops, slot, slots)?;
         let guards: Vec<SyncOnDrop<'_>> = ops
             .iter_mut()
             .filter(|o| o.count > 0)

@@ -107,7 +107,7 @@ fn group(
         return Ok(());
     }
     let mem = net.proxy.mem().clone();
-    if plan.slot.saturating_mul(p2p::SLOTS).saturating_mul(n) > mem.scratch_bytes() {
+    if plan.slot.saturating_mul(plan.slots).saturating_mul(n) > mem.scratch_bytes() {
         return Err(internal(format!(
             "slots of {} bytes for {n} ranks exceed the scratch of {} bytes",
             plan.slot,
@@ -152,7 +152,7 @@ pub fn collective(
 ) -> Result<()> {
     let (r, n) = (net.rank, net.sent.len());
     begin(net, stream, end)?;
-    let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n)
+    let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n, p2p::NET_SLOTS)
         .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
     for g in groups {
         let group_ops: Vec<P2pOp> = g
@@ -168,7 +168,7 @@ pub fn collective(
                 At::Recv(off) => recv + off as u64,
             })
             .collect();
-        let plan = p2p::plan(r, n, &group_ops, slot)?;
+        let plan = p2p::plan(r, n, &group_ops, slot, p2p::NET_SLOTS)?;
         let combine = g.reduce.then_some(Combine {
             kernels: bound.kernels,
             cap,
@@ -204,7 +204,7 @@ fn issue(
             Place::Scratch { rank, offset } if rank == r => {
                 bytes_in(offset, len, mem.scratch_bytes()).then(|| scratch + offset as u64)
             }
-            Place::Scratch { rank, offset } => outbox_offset(r, rank, plan.slot, offset)
+            Place::Scratch { rank, offset } => outbox_offset(r, rank, plan.slot, plan.slots, offset)
                 .filter(|&o| bytes_in(o, len, mem.scratch_bytes()))
                 .map(|o| outbox + o as u64),
         }
@@ -279,8 +279,8 @@ fn issue(
 /// ```
 /// use ringccl::internals::plan::p2p::{plan, Dir, P2pOp};
 /// use ringccl::internals::exec::net::program;
-/// // Rank 0 sends 300 bytes to rank 1 in slots of 256: two chunks.
-/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 300 }], 256)?;
+/// // Rank 0 sends 300 bytes to rank 1 in slots of 256, four per region: two chunks.
+/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 300 }], 256, 4)?;
 /// let out = program(&p, 0, &[0, 10], |q| q == 1)?;
 /// assert_eq!(out.len(), 2);
 /// assert_eq!(out[1].k, 12);
@@ -316,7 +316,7 @@ pub fn program(
                 let data = match pending[peer].take() {
                     None => None,
                     Some((lo, hi)) => Some(Chunk {
-                        from: outbox_offset(me, peer, plan.slot, lo).ok_or_else(|| {
+                        from: outbox_offset(me, peer, plan.slot, plan.slots, lo).ok_or_else(|| {
                             bad(format!("a chunk at {lo} of rank {peer}'s scratch is outside rank {me}'s slots"))
                         })?,
                         to: lo,

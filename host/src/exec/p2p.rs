@@ -36,7 +36,7 @@ pub fn execute(
         return Ok(());
     }
     let scratch_bytes = call.state.windows.scratch_bytes();
-    if plan.slot.saturating_mul(crate::plan::p2p::SLOTS).saturating_mul(n) > scratch_bytes {
+    if plan.slot.saturating_mul(plan.slots).saturating_mul(n) > scratch_bytes {
         return Err(internal(format!(
             "slots of {} bytes for {n} ranks exceed the scratch of {scratch_bytes} bytes",
             plan.slot

@@ -4,30 +4,31 @@
 //!
 //! A rank reaches no peer's memory but the peer's scratch (mapped in its process), so a transfer
 //! from rank `s` to rank `d` moves through `d`'s scratch in chunks of [`P2pPlan::slot`] bytes:
-//! `s` copies chunk `k` of its send data into slot `k % SLOTS` of the region `d` keeps for `s`
-//! ([`SLOTS`] slots per region), and signals *data `k`*; `d` waits for it, copies the chunk out
-//! into its receive buffer and signals *consumed `k`*, after which `s` may fill that slot again
-//! (chunk `k + SLOTS`). Before its first chunk, `s` waits for `d`'s *ready* signal: `d` has
+//! `s` copies chunk `k` of its send data into slot `k % S` of the region `d` keeps for `s` (`S`
+//! slots per region: [`P2pPlan::slots`]), and signals *data `k`*; `d` waits for it, copies the
+//! chunk out into its receive buffer and signals *consumed `k`*, after which `s` may fill that
+//! slot again (chunk `k + S`). Before its first chunk, `s` waits for `d`'s *ready* signal: `d` has
 //! reached the group (its earlier work on its scratch is done).
 //!
-//! A rank's sends run [`AHEAD`] chunks ahead of its receives, so that while its stream waits for
-//! a peer's chunk `k` its own chunks `k + 1 … k + AHEAD` are already on their way: the link (an
-//! NVLink copy, or the network behind a proxy) always has the next chunks queued, instead of one
-//! chunk per round trip.
+//! A rank's sends run `A = S - 1` chunks ahead of its receives, so that while its stream waits
+//! for a peer's chunk `k` its own chunks `k + 1 … k + A` are already on their way. Over the
+//! network ([`NET_SLOTS`]) this keeps the proxy's link busy instead of one chunk per round trip;
+//! between GPUs of one machine ([`IPC_SLOTS`]) every step runs on one stream anyway, so fewer,
+//! larger chunks win (measured on 2 × H200, see `docs/perf/README.md`).
 //!
 //! The sends from `s` to `d` in one group are one byte stream (in the order given), and so are
 //! the receives on `d` from `s`: the `i`-th byte sent is the `i`-th byte received, and the totals
 //! must be equal, as in NCCL.
 //!
 //! A rank issues, in order: its ready signals; then per round `j`, first its chunk-`j` sends to
-//! every peer, then its chunk-`(j - AHEAD)` receives from every peer. Signals from `r` to `q` in
+//! every peer, then its chunk-`(j - A)` receives from every peer. Signals from `r` to `q` in
 //! one group are numbered in that order (see [`super::signals`] for the counters): *ready* if
 //! `r` receives from `q`, then per round `j`: *data `j`* (if `r` sends chunk `j` to `q`),
-//! *consumed `j - AHEAD`* (if `r` received that chunk from `q`). Both sides compute the same
+//! *consumed `j - A`* (if `r` received that chunk from `q`). Both sides compute the same
 //! numbers from the same byte counts. No set of ranks can wait on each other in a cycle: a send
-//! in round `j` waits only for *consumed `j - SLOTS`*, which the peer issued in round
-//! `j - SLOTS + AHEAD = j - 1`; a receive in round `j` waits for *data `j - AHEAD`*, which the
-//! peer issued in round `j - AHEAD`, among its sends, which come before its receives.
+//! in round `j` waits only for *consumed `j - S`*, which the peer issued in round
+//! `j - S + A = j - 1`; a receive in round `j` waits for *data `j - A`*, which the peer issued
+//! in round `j - A`, among its sends, which come before its receives.
 
 use crate::{Arg, Error, Result};
 
@@ -103,6 +104,8 @@ pub enum Action {
 pub struct P2pPlan {
     /// Bytes of one chunk (one slot of a scratch region).
     pub slot: usize,
+    /// Slots per region (per source rank) of a scratch.
+    pub slots: usize,
     /// What the rank's stream does, in order.
     pub actions: Vec<Action>,
     /// Signals this rank sends to each rank in the group.
@@ -111,12 +114,13 @@ pub struct P2pPlan {
     pub received: Vec<u64>,
 }
 
-/// Slots per (source, destination) region of a scratch: chunk `k` from `s` to `d` uses slot
-/// `k % SLOTS` of the region `d` keeps for `s`.
-pub const SLOTS: usize = 4;
+/// Slots per region of the mapped scratch of a peer on the same machine (IPC): two, so that the
+/// chunks are large (each costs a copy, a signal and a wait on the stream).
+pub const IPC_SLOTS: usize = 2;
 
-/// Chunks a rank's sends run ahead of its receives (see the module docs): all but one slot.
-pub const AHEAD: usize = SLOTS - 1;
+/// Slots per region of a network peer's scratch: four, three chunks in flight ahead of the
+/// receives.
+pub const NET_SLOTS: usize = 4;
 
 /// The per-pair chunk counts of the signal numbering.
 #[derive(Clone, Copy, Debug, Default)]
@@ -131,17 +135,17 @@ impl Pair {
     /// The number of the sender's signal for `data k` (`k < out`) in the sequence of a rank
     /// that sends `out` chunks and receives `inn` chunks (see the module docs): the ready
     /// signal, the data signals of rounds `0..=k`, and the consumed signals of the rounds
-    /// before `k` (chunks `c` with `c + AHEAD < k`).
-    fn data(out: usize, inn: usize, k: usize) -> u64 {
+    /// before `k` (chunks `c` with `c + ahead < k`), for sends `ahead` chunks ahead.
+    fn data(out: usize, inn: usize, k: usize, ahead: usize) -> u64 {
         debug_assert!(k < out);
-        (usize::from(inn > 0) + k + 1 + k.saturating_sub(AHEAD).min(inn)) as u64
+        (usize::from(inn > 0) + k + 1 + k.saturating_sub(ahead).min(inn)) as u64
     }
 
     /// The number of `consumed c` (`c < inn`) in the same sequence: issued in round
-    /// `c + AHEAD`, after that round's data signal.
-    fn consumed(out: usize, inn: usize, c: usize) -> u64 {
+    /// `c + ahead`, after that round's data signal.
+    fn consumed(out: usize, inn: usize, c: usize, ahead: usize) -> u64 {
         debug_assert!(c < inn);
-        (usize::from(inn > 0) + (c + AHEAD + 1).min(out) + c + 1) as u64
+        (usize::from(inn > 0) + (c + ahead + 1).min(out) + c + 1) as u64
     }
 
     /// Signals in the sequence.
@@ -150,16 +154,17 @@ impl Pair {
     }
 }
 
-/// The chunk size for `scratch_bytes` of scratch per rank and `nranks` ranks: [`SLOTS`] slots
-/// per source rank, each a multiple of 256 bytes (`None` if that leaves less than 256 bytes).
+/// The chunk size for `scratch_bytes` of scratch per rank and `nranks` ranks: `slots` slots per
+/// source rank, each a multiple of 256 bytes (`None` if that leaves less than 256 bytes).
 ///
 /// ```
 /// use ringccl::internals::plan::p2p::slot_bytes;
-/// assert_eq!(slot_bytes(4 << 20, 2), Some(512 << 10));
-/// assert_eq!(slot_bytes(1024, 4), None);
+/// assert_eq!(slot_bytes(4 << 20, 2, 2), Some(1 << 20));
+/// assert_eq!(slot_bytes(4 << 20, 2, 4), Some(512 << 10));
+/// assert_eq!(slot_bytes(1024, 4, 2), None);
 /// ```
-pub fn slot_bytes(scratch_bytes: usize, nranks: usize) -> Option<usize> {
-    let per = scratch_bytes / nranks.max(1).saturating_mul(SLOTS) / 256 * 256;
+pub fn slot_bytes(scratch_bytes: usize, nranks: usize, slots: usize) -> Option<usize> {
+    let per = scratch_bytes / nranks.max(1).saturating_mul(slots.max(1)) / 256 * 256;
     (per >= 256).then_some(per)
 }
 
@@ -181,7 +186,8 @@ fn pieces(ops: &[(usize, usize)], start: usize, len: usize) -> Vec<(usize, usize
     out
 }
 
-/// Plans rank `me`'s part (of `nranks`) of a group made of `ops` with chunks of `slot` bytes.
+/// Plans rank `me`'s part (of `nranks`) of a group made of `ops` with chunks of `slot` bytes,
+/// `slots` of them per region (at least 1).
 ///
 /// Errors if a peer is out of range, a byte count overflows, or the sends to this rank itself
 /// do not add up to its receives from itself.
@@ -189,15 +195,15 @@ fn pieces(ops: &[(usize, usize)], start: usize, len: usize) -> Vec<(usize, usize
 /// ```
 /// use ringccl::internals::plan::p2p::{plan, Action, Dir, P2pOp};
 /// // Rank 0 of 2 sends 3 KiB to rank 1 in chunks of 1 KiB.
-/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 3 << 10 }], 1 << 10)?;
+/// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 3 << 10 }], 1 << 10, 2)?;
 /// assert_eq!(p.sent, vec![0, 3]); // data 0, 1, 2
 /// assert_eq!(p.received, vec![0, 4]); // ready, consumed 0, 1, 2
 /// assert_eq!(p.actions[0], Action::Wait { peer: 1, k: 1 }); // rank 1's ready
 /// # Ok::<(), ringccl::Error>(())
 /// ```
-pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pPlan> {
+pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize, slots: usize) -> Result<P2pPlan> {
     let bad = |reason: String| Error::Internal { reason };
-    if me >= nranks || slot == 0 {
+    if me >= nranks || slot == 0 || slots == 0 {
         return Err(bad(format!("a point-to-point plan for rank {me} of {nranks}")));
     }
     // Per peer: the operations of each direction, in order, and their byte totals.
@@ -266,13 +272,14 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             actions.push(Action::Signal { peer: q, k: 1 });
         }
     }
-    // Round `j`: chunk `j` of every send, then chunk `j - AHEAD` of every receive.
+    // Round `j`: chunk `j` of every send, then chunk `j - ahead` of every receive.
+    let ahead = slots - 1;
     let rounds = pairs
         .iter()
-        .map(|p| p.out.max(if p.inn > 0 { p.inn + AHEAD } else { 0 }))
+        .map(|p| p.out.max(if p.inn > 0 { p.inn + ahead } else { 0 }))
         .max()
         .unwrap_or(0);
-    let region = |src: usize, k: usize| (src * SLOTS + k % SLOTS) * slot;
+    let region = |src: usize, k: usize| (src * slots + k % slots) * slot;
     for j in 0..rounds {
         for (q, p) in pairs.iter().enumerate() {
             if j >= p.out {
@@ -281,10 +288,10 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             // The peer's sequence: it sends `p.inn` chunks to this rank and receives `p.out`.
             if j == 0 {
                 actions.push(Action::Wait { peer: q, k: 1 });
-            } else if j >= SLOTS {
+            } else if j >= slots {
                 actions.push(Action::Wait {
                     peer: q,
-                    k: Pair::consumed(p.inn, p.out, j - SLOTS),
+                    k: Pair::consumed(p.inn, p.out, j - slots, ahead),
                 });
             }
             let start = j * slot;
@@ -300,10 +307,10 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             }
             actions.push(Action::Signal {
                 peer: q,
-                k: Pair::data(p.out, p.inn, j),
+                k: Pair::data(p.out, p.inn, j, ahead),
             });
         }
-        let Some(k) = j.checked_sub(AHEAD) else {
+        let Some(k) = j.checked_sub(ahead) else {
             continue;
         };
         for (q, p) in pairs.iter().enumerate() {
@@ -312,7 +319,7 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             }
             actions.push(Action::Wait {
                 peer: q,
-                k: Pair::data(p.inn, p.out, k),
+                k: Pair::data(p.inn, p.out, k, ahead),
             });
             let start = k * slot;
             let len = slot.min(total(&ins[q])? - start);
@@ -327,7 +334,7 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
             }
             actions.push(Action::Signal {
                 peer: q,
-                k: Pair::consumed(p.out, p.inn, k),
+                k: Pair::consumed(p.out, p.inn, k, ahead),
             });
         }
     }
@@ -335,6 +342,7 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize) -> Result<P2pP
     let received = pairs.iter().map(|p| Pair::total(p.inn, p.out)).collect();
     Ok(P2pPlan {
         slot,
+        slots,
         actions,
         sent,
         received,
@@ -365,9 +373,9 @@ mod tests {
     /// Runs every rank's plan with the ranks' steps interleaved by `seed` (0: round robin),
     /// byte by byte: checks that no rank waits forever, that every signal is the pair's next,
     /// that every receive buffer ends with the bytes sent to it, and the signal totals.
-    fn simulate(group: &[Transfer], n: usize, slot: usize, seed: u64) {
+    fn simulate(group: &[Transfer], n: usize, (slot, slots): (usize, usize), seed: u64) {
         let ops = ops_of(group, n);
-        let plans: Vec<P2pPlan> = (0..n).map(|r| plan(r, n, &ops[r], slot).unwrap()).collect();
+        let plans: Vec<P2pPlan> = (0..n).map(|r| plan(r, n, &ops[r], slot, slots).unwrap()).collect();
         let mut bufs: Vec<Vec<Vec<u8>>> = (0..n)
             .map(|r| {
                 ops[r]
@@ -380,7 +388,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        let mut scratch = vec![vec![0u8; n * SLOTS * slot]; n];
+        let mut scratch = vec![vec![0u8; n * slots * slot]; n];
         let mut flags = vec![vec![0u64; n]; n]; // flags[receiver][sender]
         let mut pc = vec![0usize; n];
         let mut rng = seed;
@@ -454,9 +462,13 @@ mod tests {
         }
     }
 
+    /// [`simulate`] with several interleavings, for one slot per region (no look-ahead), the
+    /// IPC layout and the network layout.
     fn simulate_many(group: &[Transfer], n: usize, slot: usize) {
-        for seed in [0, 1, 7, 42, 1234, 0xdead_beef, 99, 5] {
-            simulate(group, n, slot, seed);
+        for slots in [1, IPC_SLOTS, NET_SLOTS] {
+            for seed in [0, 1, 7, 42, 1234, 0xdead_beef, 99, 5] {
+                simulate(group, n, (slot, slots), seed);
+            }
         }
     }
 
@@ -467,16 +479,18 @@ mod tests {
         })]
 
         /// Any group (random transfers among up to 6 ranks, self copies and several
-        /// operations per pair included, in any order), any slot size, random interleavings.
+        /// operations per pair included, in any order), any slot size and number of slots, random
+        /// interleavings.
         #[test]
         fn random_groups_deliver_every_byte(
             n in 1usize..7,
             picks in proptest::collection::vec((0usize..6, 0usize..6, 0usize..200), 0..14),
             slot in 1usize..64,
+            slots in 1usize..6,
             seed in proptest::prelude::any::<u64>(),
         ) {
             let group: Vec<Transfer> = picks.into_iter().map(|(a, b, bytes)| (a % n, b % n, bytes)).collect();
-            simulate(&group, n, slot, seed);
+            simulate(&group, n, (slot, slots), seed);
         }
     }
 
@@ -512,7 +526,7 @@ mod tests {
             P2pOp { dir: Dir::Recv, peer: 0, bytes: 20 },
             P2pOp { dir: Dir::Recv, peer: 0, bytes: 39 },
         ];
-        let (p0, p1) = (plan(0, 2, &ops0, 16).unwrap(), plan(1, 2, &ops1, 16).unwrap());
+        let (p0, p1) = (plan(0, 2, &ops0, 16, 2).unwrap(), plan(1, 2, &ops1, 16, 2).unwrap());
         assert_eq!(p0.sent[1], p1.received[0]);
         assert_eq!(p0.received[1], p1.sent[0]);
     }
@@ -531,18 +545,19 @@ mod tests {
             P2pOp { dir: Dir::Send, peer: 0, bytes: 8 },
             P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
         ];
-        let e = plan(0, 2, &ops, 16).unwrap_err();
+        let e = plan(0, 2, &ops, 16, 2).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { rank: Some(0), .. }), "{e}");
-        let e = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 2, bytes: 8 }], 16).unwrap_err();
+        let e = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 2, bytes: 8 }], 16, 2).unwrap_err();
         assert!(e.to_string().contains("peer 2"), "{e}");
     }
 
     #[test]
     fn slots_of_scratch() {
-        assert_eq!(slot_bytes(4 << 20, 8), Some(128 << 10));
-        assert_eq!(slot_bytes(4 << 20, 1024), Some(1024));
-        assert_eq!(slot_bytes(1024, 1), Some(256));
-        assert_eq!(slot_bytes(1000, 1), None);
-        assert_eq!(slot_bytes(0, 0), None);
+        assert_eq!(slot_bytes(4 << 20, 8, 2), Some(256 << 10));
+        assert_eq!(slot_bytes(4 << 20, 8, 4), Some(128 << 10));
+        assert_eq!(slot_bytes(4 << 20, 1024, 2), Some(2048));
+        assert_eq!(slot_bytes(1000, 1, 2), Some(256));
+        assert_eq!(slot_bytes(1000, 1, 4), None);
+        assert_eq!(slot_bytes(0, 0, 2), None);
     }
 }

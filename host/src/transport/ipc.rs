@@ -33,10 +33,9 @@ pub const SIGNAL_BYTES: usize = MAX_PROCESS_RANKS * 8;
 pub const MAX_PROCESS_RANKS: usize = 1024;
 
 /// Smallest scratch buffer of a communicator of processes. Point-to-point groups move data in
-/// chunks of an eighth of it between two ranks (`crate::plan::p2p::slot_bytes`: four slots per
-/// source rank), and each chunk costs a copy, a signal and a wait issued from the host on both
-/// sides (about 25 µs on 2 × H200 with 1 MiB chunks, `docs/perf/README.md`), so it is sized for
-/// 4 MiB chunks, with three of them in flight ahead of the receives.
+/// chunks of a quarter of it between two ranks (`crate::plan::p2p::slot_bytes` with
+/// `IPC_SLOTS`), and each chunk costs a copy, a signal and a wait on the stream (about 21 µs on
+/// 2 × H200, `docs/perf/README.md`), so it is sized for 8 MiB chunks.
 pub const MIN_SCRATCH_BYTES: usize = 32 << 20;
 
 /// The all-gather the buffers are exchanged with (a communicator's bootstrap).

@@ -210,25 +210,20 @@ impl NetMem {
 }
 
 /// Where in rank `me`'s outbox a plan's copy to `offset` of peer `peer`'s scratch goes, for
-/// slots of `slot` bytes: the same slot, indexed by destination (`(peer * SLOTS + k % SLOTS) *
-/// slot` rather than the plan's `(me * SLOTS + k % SLOTS) * slot`, with
-/// [`SLOTS`](crate::plan::p2p::SLOTS) slots per region).
+/// `slots` slots of `slot` bytes per region: the same slot, indexed by destination
+/// (`(peer * slots + k % slots) * slot` rather than the plan's `(me * slots + k % slots) * slot`).
 ///
 /// ```
-/// use ringccl::internals::plan::p2p::SLOTS;
 /// use ringccl::internals::transport::net::outbox_offset;
-/// // Rank 1 sends to rank 3; its region in rank 3's scratch starts at SLOTS slots.
-/// assert_eq!(
-///     outbox_offset(1, 3, 256, SLOTS * 256 + 300),
-///     Some(3 * SLOTS * 256 + 300)
-/// );
+/// // Rank 1 sends to rank 3, four slots per region: its region in rank 3's scratch starts at
+/// // slot 4, and rank 3's region in rank 1's outbox at slot 12.
+/// assert_eq!(outbox_offset(1, 3, 256, 4, 4 * 256 + 300), Some(12 * 256 + 300));
 /// ```
-pub fn outbox_offset(me: usize, peer: usize, slot: usize, offset: usize) -> Option<usize> {
-    use crate::plan::p2p::SLOTS;
-    let region = me.checked_mul(SLOTS)?.checked_mul(slot)?;
-    let within = offset.checked_sub(region)?;
-    if within >= SLOTS.checked_mul(slot)? {
+pub fn outbox_offset(me: usize, peer: usize, slot: usize, slots: usize, offset: usize) -> Option<usize> {
+    let region = slots.checked_mul(slot)?;
+    let within = offset.checked_sub(me.checked_mul(region)?)?;
+    if within >= region {
         return None;
     }
-    peer.checked_mul(SLOTS)?.checked_mul(slot)?.checked_add(within)
+    peer.checked_mul(region)?.checked_add(within)
 }

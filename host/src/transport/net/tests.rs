@@ -14,7 +14,7 @@ use super::{outbox_offset, NetMem};
 use crate::exec::net::program;
 use crate::plan::net::ring_groups;
 use crate::bootstrap::Bootstrap;
-use crate::plan::p2p::{plan, slot_bytes, Action, Dir, P2pOp, P2pPlan, Place};
+use crate::plan::p2p::{plan, slot_bytes, Action, Dir, P2pOp, P2pPlan, Place, NET_SLOTS};
 use crate::transport::ipc::Exchange;
 use crate::{Error, Result, UniqueId};
 
@@ -42,7 +42,10 @@ fn have_ucx() -> bool {
 fn options() -> NetOptions {
     NetOptions {
         timeout: TIMEOUT,
-        ucx: vec![("TLS".into(), "tcp".into()), ("NET_DEVICES".into(), "lo".into())],
+        ucx: [("TLS".into(), "tcp".into()), ("NET_DEVICES".into(), "lo".into())]
+            .into_iter()
+            .chain(super::proxy::ucx_defaults())
+            .collect(),
     }
 }
 
@@ -75,10 +78,10 @@ impl Rank {
     /// Runs one group: `ops[i]` with buffer `bufs[i]` (send data, or room for the receive).
     fn group(&mut self, ops: &[P2pOp], bufs: &mut [Vec<u8>]) -> Result<()> {
         let scratch = self.proxy.mem().scratch_bytes();
-        let slot = slot_bytes(scratch, self.n).ok_or_else(|| Error::Internal {
+        let slot = slot_bytes(scratch, self.n, NET_SLOTS).ok_or_else(|| Error::Internal {
             reason: "no slot".into(),
         })?;
-        let p = plan(self.me, self.n, ops, slot)?;
+        let p = plan(self.me, self.n, ops, slot, NET_SLOTS)?;
         let me = self.me;
         self.proxy.post(program(&p, me, &self.sent, |q| q != me)?)?;
         self.run(&p, bufs)?;
@@ -121,7 +124,7 @@ impl Rank {
                             .ok_or_else(bad)?
                             .copy_from_slice(&src),
                         Place::Scratch { rank, offset } => {
-                            let at = outbox_offset(self.me, rank, p.slot, offset).ok_or_else(bad)?;
+                            let at = outbox_offset(self.me, rank, p.slot, p.slots, offset).ok_or_else(bad)?;
                             let d = mem.outbox_range(at, bytes).ok_or_else(bad)?;
                             // SAFETY: inside the outbox; the plan's waits keep the proxy from
                             // reading this slot now (its previous chunk was consumed).
