@@ -5,7 +5,8 @@
 #   TOOL: memcheck | racecheck | synccheck (default: all three)
 # Each run is bounded by a timeout (a sanitizer slows kernels down 10-100x, so each runs a
 # small, representative set: the one-shot all-reduce back to back, the reliability tests that
-# end kernels early, and 200 random collectives of every kind; SANITIZE_TESTS="oneshot
+# end kernels early, and 200 random collectives of every kind (without the stress test's NCCL
+# comparison, RINGCCL_STRESS_NCCL=0: NCCL is not what is checked here); SANITIZE_TESTS="oneshot
 # late-peer injected stress" picks some; "graphs" (a graph replayed after its communicator is
 # dropped) and "untracked" (3 rounds of freed and reused 256 MiB buffers) can be added). The exit status of a test under a sanitizer can also
 # be a test assertion (timing bounds are not met at a sanitizer's speed): the ERROR SUMMARY
@@ -21,7 +22,7 @@ TOOLS=("$@")
 OUT=${OUT:-/tmp/ringccl-sanitize}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-export RINGCCL_STRESS_CALLS RINGCCL_TEST_ITERS
+export RINGCCL_STRESS_CALLS RINGCCL_STRESS_NCCL RINGCCL_TEST_ITERS
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 FAILED=0
 TESTS=${SANITIZE_TESTS:-oneshot late-peer injected stress}
@@ -47,7 +48,8 @@ for tool in "${TOOLS[@]}"; do
         a_late_peer_times_out_and_the_gpus_stay_usable ;;
       injected) run "$tool" injected 120 test-reliability --include-ignored --test-threads=1 --exact \
         an_injected_launch_failure_releases_the_launched_ranks ;;
-      stress) RINGCCL_STRESS_CALLS=200 run "$tool" stress 180 test-stress --include-ignored --test-threads=1 ;;
+      stress) RINGCCL_STRESS_CALLS=200 RINGCCL_STRESS_NCCL=0 run "$tool" stress 180 test-stress \
+        --include-ignored --test-threads=1 ;;
       graphs) run "$tool" graphs 120 test-reliability --include-ignored --test-threads=1 --exact \
         a_graph_replays_after_its_communicator_is_dropped ;;
       untracked) RINGCCL_TEST_ITERS=3 run "$tool" untracked 120 test-reliability --include-ignored \
