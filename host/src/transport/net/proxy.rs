@@ -71,24 +71,37 @@ pub struct NetOptions {
     pub ucx: Vec<(String, String)>,
 }
 
-/// UCX settings ringccl applies unless the environment sets them (`UCX_<NAME>`): TCP segments
-/// of 256 KiB instead of UCX's 8 KiB (send) and 64 KiB (receive). Measured on one machine over
-/// loopback TCP with 2 MiB chunks (`docs/NETWORK.md`): `send_recv` from 1 MiB at 0.73–0.87 GB/s
-/// with UCX's defaults, 2.3–3.1 GB/s with these. They only concern UCX's `tcp` transport.
-pub const UCX_DEFAULTS: &[(&str, &str)] = &[("TCP_TX_SEG_SIZE", "256k"), ("TCP_RX_SEG_SIZE", "256k")];
+/// UCX settings ringccl applies unless the environment sets them: TCP segments of 256 KiB
+/// instead of UCX's 8 KiB (send) and 64 KiB (receive). Each entry is the environment variable
+/// that takes precedence, then the name given to `ucp_config_modify` and the value. The names
+/// have no `TCP_` prefix: `ucp_config_modify` hands names it does not know to every transport's
+/// own table, where the TCP transport's fields are `TX_SEG_SIZE` and `RX_SEG_SIZE` (no other
+/// transport of UCX has fields of these names); with the prefix they are silently ignored
+/// (checked with UCX 1.13's debug log: its TCP buffers grow to 256 KiB either way, through the
+/// variables or through these names). Measured on one machine over loopback TCP with 2 MiB
+/// chunks (`docs/NETWORK.md`): `send_recv` from 1 MiB at 0.73–0.96 GB/s with UCX's defaults,
+/// 2.3–3.1 GB/s with these segments.
+pub const UCX_DEFAULTS: &[(&str, &str, &str)] = &[
+    ("UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "256k"),
+    ("UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "256k"),
+];
 
-/// [`UCX_DEFAULTS`] that the environment does not set, for [`NetOptions::ucx`].
+/// [`UCX_DEFAULTS`] whose environment variable is not set, as `(name, value)` for
+/// [`NetOptions::ucx`].
 ///
 /// ```
-/// use ringccl::internals::transport::net::proxy::ucx_defaults;
+/// use ringccl::internals::transport::net::proxy::{ucx_defaults, UCX_DEFAULTS};
 /// let d = ucx_defaults();
-/// assert!(d.iter().all(|(name, _)| std::env::var_os(format!("UCX_{name}")).is_none()));
+/// for (var, name, value) in UCX_DEFAULTS {
+///     let applied = d.iter().any(|(n, v)| n == name && v == value);
+///     assert_eq!(applied, std::env::var_os(var).is_none());
+/// }
 /// ```
 pub fn ucx_defaults() -> Vec<(String, String)> {
     UCX_DEFAULTS
         .iter()
-        .filter(|(name, _)| std::env::var_os(format!("UCX_{name}")).is_none())
-        .map(|&(name, value)| (name.to_string(), value.to_string()))
+        .filter(|(var, _, _)| std::env::var_os(var).is_none())
+        .map(|&(_, name, value)| (name.to_string(), value.to_string()))
         .collect()
 }
 
