@@ -11,6 +11,7 @@
 //! | `RINGCCL_CHECK_CALLS` | [`check_calls`](Config::check_calls) | `0` | `1`: in a job of processes, every call first checks (over TCP) that every rank makes the same call; a mismatch fails the call on every rank, naming the rank |
 //! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 67108864 | smallest all-gather, broadcast or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
+//! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
@@ -29,6 +30,11 @@ use crate::{Error, Result};
 
 /// Default of [`Config::oneshot_max_bytes`].
 pub const DEFAULT_ONESHOT_MAX_BYTES: usize = 256 * 1024;
+/// Default of [`Config::oneshot_max_bytes_graph`]: on 2 × H200, replays of a captured ring
+/// all-reduce beat the one-shot kernel from 64 KiB (f32, out of place / in place: 6.9 / 7.0 µs
+/// against 7.7 / 9.3 at 64 KiB, 6.4 / 9.0 against 10.2 / 13.1 at 128 KiB; `docs/perf/README.md`),
+/// while eager calls, where the ring's extra launches cost host time, keep one-shot to 256 KiB.
+pub const DEFAULT_ONESHOT_MAX_BYTES_GRAPH: usize = 32 * 1024;
 /// Default of [`Config::peer_blocks`]: NVLink peer reads peaked at 64 blocks of 512 threads on
 /// an H200 and fell with more (`docs/perf/ceilings.md`).
 pub const DEFAULT_PEER_BLOCKS: u32 = 64;
@@ -165,6 +171,8 @@ pub struct Config {
     pub algorithm: Option<Algorithm>,
     /// All-reduces of at most this many bytes per rank run one-shot (when they can).
     pub oneshot_max_bytes: usize,
+    /// The same limit for calls captured into a CUDA graph; the smaller of the two applies.
+    pub oneshot_max_bytes_graph: usize,
     /// All-reduces of at least this many bytes per rank run on the copy engines
     /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
     /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
@@ -222,6 +230,7 @@ impl Default for Config {
             ring: None,
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
+            oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
             check_calls: false,
@@ -237,7 +246,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 14] = [
+pub const ENV_VARS: [&str; 15] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -252,6 +261,7 @@ pub const ENV_VARS: [&str; 14] = [
     "RINGCCL_NET",
     "RINGCCL_CE_COPIES_MIN_BYTES",
     "RINGCCL_CHECK_CALLS",
+    "RINGCCL_ONESHOT_MAX_BYTES_GRAPH",
 ];
 
 impl Config {
@@ -311,7 +321,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -323,6 +333,9 @@ impl Config {
         c.algorithm = parse(algo, get(algo)?, str::parse)?;
         if let Some(v) = parse(oneshot, get(oneshot)?, |s| parse_bytes(s, true))? {
             c.oneshot_max_bytes = v;
+        }
+        if let Some(v) = parse(oneshot_graph, get(oneshot_graph)?, |s| parse_bytes(s, true))? {
+            c.oneshot_max_bytes_graph = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -526,6 +539,7 @@ mod tests {
             ("RINGCCL_RING", "0, 2,1,3"),
             ("RINGCCL_ALGO", "OneShot"),
             ("RINGCCL_ONESHOT_MAX_BYTES", "64K"),
+            ("RINGCCL_ONESHOT_MAX_BYTES_GRAPH", "16K"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
@@ -542,6 +556,7 @@ mod tests {
         assert_eq!(c.ring, Some(vec![0, 2, 1, 3]));
         assert_eq!(c.algorithm, Some(Algorithm::OneShot));
         assert_eq!(c.oneshot_max_bytes, 64 << 10);
+        assert_eq!(c.oneshot_max_bytes_graph, 16 << 10);
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));
         assert_eq!(c.debug, DebugLevel::Trace);

@@ -118,7 +118,7 @@ impl Communicator {
         let ce_possible = self.copy_engine_usable() && !capturing;
         let algorithm = match c {
             Collective::AllReduce { .. } => {
-                tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, config)
+                tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, capturing, config)
             }
             Collective::AllGather { .. } | Collective::Broadcast { .. } | Collective::AllToAll { .. }
                 if tuning::copies_on_copy_engines(max_bytes, ce_possible, config) =>
@@ -321,7 +321,7 @@ impl Communicator {
             });
         }
         if let Collective::AllReduce { count } = c {
-            if tuning::all_reduce_algorithm(max_bytes, n, true, false, config) == Algorithm::OneShot {
+            if tuning::all_reduce_algorithm(max_bytes, n, true, false, false, config) == Algorithm::OneShot {
                 report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
                 let guards = track(io, streams, &checked.ptrs, false);
                 let mut state = p.lock();

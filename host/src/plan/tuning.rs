@@ -94,32 +94,41 @@ pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config
 /// 2 or more ranks and `ce_possible` (one process, direct peer access between every pair, not
 /// under CUDA-graph capture). An algorithm that is not possible is never chosen, not even when
 /// [`Config::algorithm`] forces it (the ring runs instead). Otherwise the forced algorithm wins,
-/// and unforced calls run one-shot up to [`Config::oneshot_max_bytes`], on the copy engines
-/// from [`Config::ce_min_bytes`] (when set), the ring in between.
+/// and unforced calls run one-shot up to [`Config::oneshot_max_bytes`] (while `capturing` into
+/// a CUDA graph, up to the smaller of that and [`Config::oneshot_max_bytes_graph`]), on the copy
+/// engines from [`Config::ce_min_bytes`] (when set), the ring in between.
 ///
 /// ```
 /// use ringccl::internals::plan::tuning::all_reduce_algorithm;
 /// use ringccl::{Algorithm, Config};
 /// let c = Config::default();
-/// assert_eq!(all_reduce_algorithm(4096, 2, true, true, &c), Algorithm::OneShot);
-/// assert_eq!(all_reduce_algorithm(16 << 20, 2, true, true, &c), Algorithm::Ring);
-/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Algorithm::CopyEngine);
-/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, &c), Algorithm::Ring);
+/// assert_eq!(all_reduce_algorithm(4096, 2, true, true, false, &c), Algorithm::OneShot);
+/// assert_eq!(all_reduce_algorithm(128 << 10, 2, true, true, false, &c), Algorithm::OneShot);
+/// assert_eq!(all_reduce_algorithm(128 << 10, 2, true, false, true, &c), Algorithm::Ring);
+/// assert_eq!(all_reduce_algorithm(16 << 20, 2, true, true, false, &c), Algorithm::Ring);
+/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, false, &c), Algorithm::CopyEngine);
+/// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, false, &c), Algorithm::Ring);
 /// ```
 pub fn all_reduce_algorithm(
     bytes: usize,
     nranks: usize,
     oneshot_possible: bool,
     ce_possible: bool,
+    capturing: bool,
     config: &Config,
 ) -> Algorithm {
     let oneshot = (2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) && oneshot_possible;
+    let oneshot_max = if capturing {
+        config.oneshot_max_bytes.min(config.oneshot_max_bytes_graph)
+    } else {
+        config.oneshot_max_bytes
+    };
     let ce = nranks >= 2 && ce_possible;
     match config.algorithm {
         Some(Algorithm::OneShot) if oneshot => Algorithm::OneShot,
         Some(Algorithm::CopyEngine) if ce => Algorithm::CopyEngine,
         Some(_) => Algorithm::Ring,
-        None if oneshot && bytes <= config.oneshot_max_bytes => Algorithm::OneShot,
+        None if oneshot && bytes <= oneshot_max => Algorithm::OneShot,
         None if ce && config.ce_min_bytes.is_some_and(|m| bytes >= m) => Algorithm::CopyEngine,
         None => Algorithm::Ring,
     }
@@ -190,10 +199,10 @@ mod tests {
         let c = Config::default();
         for n in 2..=8 {
             for bytes in [1, 8, 4096, 64 << 10, MAX - 1, MAX] {
-                assert_eq!(all_reduce_algorithm(bytes, n, true, false, &c), OneShot, "{bytes} B, {n} ranks");
+                assert_eq!(all_reduce_algorithm(bytes, n, true, false, false, &c), OneShot, "{bytes} B, {n} ranks");
             }
             for bytes in [MAX + 1, 1 << 20, usize::MAX] {
-                assert_eq!(all_reduce_algorithm(bytes, n, true, false, &c), Ring);
+                assert_eq!(all_reduce_algorithm(bytes, n, true, false, false, &c), Ring);
             }
         }
         // The threshold is configurable.
@@ -201,9 +210,25 @@ mod tests {
             oneshot_max_bytes: 4095,
             ..Config::default()
         };
-        assert_eq!(all_reduce_algorithm(4096, 2, true, false, &c), Ring);
+        assert_eq!(all_reduce_algorithm(4096, 2, true, false, false, &c), Ring);
         c.oneshot_max_bytes = 4096;
-        assert_eq!(all_reduce_algorithm(4096, 2, true, false, &c), OneShot);
+        assert_eq!(all_reduce_algorithm(4096, 2, true, false, false, &c), OneShot);
+    }
+
+    #[test]
+    fn captured_calls_run_one_shot_up_to_the_smaller_threshold() {
+        let mut c = Config::default();
+        let graph = crate::config::DEFAULT_ONESHOT_MAX_BYTES_GRAPH;
+        assert_eq!(all_reduce_algorithm(graph, 2, true, false, true, &c), OneShot);
+        assert_eq!(all_reduce_algorithm(graph + 1, 2, true, false, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm(graph + 1, 2, true, false, false, &c), OneShot);
+        // One-shot turned off (0 bytes) stays off under capture.
+        c.oneshot_max_bytes = 0;
+        assert_eq!(all_reduce_algorithm(8, 2, true, false, true, &c), Ring);
+        // A larger graph limit does not raise the eager one.
+        c.oneshot_max_bytes = 4096;
+        c.oneshot_max_bytes_graph = 1 << 20;
+        assert_eq!(all_reduce_algorithm(8192, 2, true, false, true, &c), Ring);
     }
 
     #[test]
@@ -211,38 +236,38 @@ mod tests {
         for a in [None, Some(OneShot), Some(Ring)] {
             let c = forced(a);
             for n in [0, 1, 9, 16] {
-                assert_eq!(all_reduce_algorithm(64, n, true, false, &c), Ring);
+                assert_eq!(all_reduce_algorithm(64, n, true, false, false, &c), Ring);
             }
-            assert_eq!(all_reduce_algorithm(64, 2, false, false, &c), Ring);
-            assert_eq!(all_reduce_algorithm(64, 8, false, false, &c), Ring);
+            assert_eq!(all_reduce_algorithm(64, 2, false, false, false, &c), Ring);
+            assert_eq!(all_reduce_algorithm(64, 8, false, false, false, &c), Ring);
         }
     }
 
     #[test]
     fn the_override_wins_where_one_shot_is_possible() {
-        assert_eq!(all_reduce_algorithm(64, 2, true, false, &forced(Some(Ring))), Ring);
-        assert_eq!(all_reduce_algorithm(1 << 30, 4, true, false, &forced(Some(OneShot))), OneShot);
+        assert_eq!(all_reduce_algorithm(64, 2, true, false, false, &forced(Some(Ring))), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 30, 4, true, false, false, &forced(Some(OneShot))), OneShot);
     }
 
     #[test]
     fn copy_engines_when_possible_and_forced_or_large() {
         let ce = forced(Some(CopyEngine));
-        assert_eq!(all_reduce_algorithm(64, 2, true, true, &ce), CopyEngine);
-        assert_eq!(all_reduce_algorithm(64, 16, false, true, &ce), CopyEngine);
-        assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, &ce), Ring);
-        assert_eq!(all_reduce_algorithm(1 << 30, 1, true, true, &ce), Ring);
+        assert_eq!(all_reduce_algorithm(64, 2, true, true, false, &ce), CopyEngine);
+        assert_eq!(all_reduce_algorithm(64, 16, false, true, false, &ce), CopyEngine);
+        assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, false, &ce), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 30, 1, true, true, false, &ce), Ring);
         let mut c = Config::default();
-        assert_eq!(all_reduce_algorithm(64 << 20, 2, true, true, &c), Ring);
-        assert_eq!(all_reduce_algorithm(128 << 20, 2, true, true, &c), CopyEngine);
+        assert_eq!(all_reduce_algorithm(64 << 20, 2, true, true, false, &c), Ring);
+        assert_eq!(all_reduce_algorithm(128 << 20, 2, true, true, false, &c), CopyEngine);
         c.ce_min_bytes = None;
-        assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, false, &c), Ring);
         c.ce_min_bytes = Some(1 << 20);
-        assert_eq!(all_reduce_algorithm((1 << 20) - 1, 2, true, true, &c), Ring);
-        assert_eq!(all_reduce_algorithm(1 << 20, 2, true, true, &c), CopyEngine);
-        assert_eq!(all_reduce_algorithm(4096, 2, true, true, &c), OneShot);
-        assert_eq!(all_reduce_algorithm(4096, 16, false, true, &c), Ring);
+        assert_eq!(all_reduce_algorithm((1 << 20) - 1, 2, true, true, false, &c), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 20, 2, true, true, false, &c), CopyEngine);
+        assert_eq!(all_reduce_algorithm(4096, 2, true, true, false, &c), OneShot);
+        assert_eq!(all_reduce_algorithm(4096, 16, false, true, false, &c), Ring);
         c.ce_min_bytes = Some(0);
-        assert_eq!(all_reduce_algorithm(4096, 16, false, true, &c), CopyEngine);
+        assert_eq!(all_reduce_algorithm(4096, 16, false, true, false, &c), CopyEngine);
     }
 
     #[test]
