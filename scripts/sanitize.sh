@@ -48,7 +48,7 @@ for tool in "${TOOLS[@]}"; do
         a_late_peer_times_out_and_the_gpus_stay_usable ;;
       injected) run "$tool" injected 120 test-reliability --include-ignored --test-threads=1 --exact \
         an_injected_launch_failure_releases_the_launched_ranks ;;
-      stress) RINGCCL_STRESS_CALLS=200 RINGCCL_STRESS_NCCL=0 run "$tool" stress 180 test-stress \
+      stress) RINGCCL_STRESS_CALLS=200 RINGCCL_STRESS_NCCL=0 run "$tool" stress 180 test-stress --nocapture \
         --include-ignored --test-threads=1 ;;
       graphs) run "$tool" graphs 120 test-reliability --include-ignored --test-threads=1 --exact \
         a_graph_replays_after_its_communicator_is_dropped ;;

@@ -103,7 +103,8 @@ impl Elem for i8 {
     const POISON: Self = 0xa5u8 as i8;
     const FLOAT: bool = false;
     fn from_f64(x: f64) -> Self {
-        x as i8
+        // Through i64, so that a product that overflows wraps as on the GPU.
+        x as i64 as i8
     }
     fn bits(self) -> u64 {
         u64::from(self as u8)
@@ -113,7 +114,8 @@ impl Elem for u32 {
     const POISON: Self = 0xa5a5_a5a5;
     const FLOAT: bool = false;
     fn from_f64(x: f64) -> Self {
-        x as u32
+        // Through i64, so that a product that overflows wraps as on the GPU.
+        x as i64 as u32
     }
     fn bits(self) -> u64 {
         u64::from(self)
@@ -123,7 +125,8 @@ impl Elem for u64 {
     const POISON: Self = 0xa5a5_a5a5_a5a5_a5a5;
     const FLOAT: bool = false;
     fn from_f64(x: f64) -> Self {
-        x as u64
+        // Through i64, so that a product that overflows wraps as on the GPU.
+        x as i64 as u64
     }
     fn bits(self) -> u64 {
         self
@@ -133,7 +136,8 @@ impl Elem for i32 {
     const POISON: Self = 0xa5a5_a5a5u32 as i32;
     const FLOAT: bool = false;
     fn from_f64(x: f64) -> Self {
-        x as i32
+        // Through i64, so that a product that overflows wraps as on the GPU.
+        x as i64 as i32
     }
     fn bits(self) -> u64 {
         u64::from(self as u32)
@@ -153,7 +157,8 @@ impl Elem for u8 {
     const POISON: Self = 0xa5;
     const FLOAT: bool = false;
     fn from_f64(x: f64) -> Self {
-        x as u8
+        // Through i64, so that a product that overflows wraps as on the GPU.
+        x as i64 as u8
     }
     fn bits(self) -> u64 {
         u64::from(self)
