@@ -303,7 +303,7 @@ impl Communicator {
                 cap,
                 (T::DTYPE, op),
                 (mine.send, mine.recv),
-                &groups,
+                (&groups, c.count().saturating_mul(size)),
                 stream.as_ref(),
                 &state.end,
             );

@@ -137,6 +137,9 @@ fn group(
 /// with the in-place layout when in place; 0 where the rank has none), validated by the
 /// caller to hold what the groups address.
 ///
+/// `unit_bytes` is the call's count in bytes (the same on every rank): the groups' chunk size
+/// is derived from it ([`p2p::net_chunk`]), so every rank plans the same chunks.
+///
 /// Ordered after `end` and recorded there, like [`execute`].
 #[allow(clippy::too_many_arguments)]
 pub fn collective(
@@ -146,14 +149,15 @@ pub fn collective(
     cap: u32,
     (dtype, op): (DataType, RedOp),
     (send, recv): (u64, u64),
-    groups: &[NetGroup],
+    (groups, unit_bytes): (&[NetGroup], usize),
     stream: &CudaStream,
     end: &CudaEvent,
 ) -> Result<()> {
     let (r, n) = (net.rank, net.sent.len());
     begin(net, stream, end)?;
-    let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n, p2p::NET_SLOTS)
+    let max_slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n, p2p::NET_SLOTS)
         .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
+    let slot = p2p::net_chunk(max_slot, unit_bytes);
     for g in groups {
         let group_ops: Vec<P2pOp> = g
             .ops

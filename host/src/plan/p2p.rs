@@ -168,6 +168,27 @@ pub fn slot_bytes(scratch_bytes: usize, nranks: usize, slots: usize) -> Option<u
     (per >= 256).then_some(per)
 }
 
+/// Smallest chunk [`net_chunk`] picks: 256 KiB, one UCX TCP segment (`transport::net::proxy`).
+pub const MIN_NET_CHUNK: usize = 256 << 10;
+
+/// The chunk size of a collective's groups over the network: about an eighth of `unit_bytes`
+/// (the call's count in bytes, the same on every rank, so every rank plans the same chunks),
+/// at least [`MIN_NET_CHUNK`] and at most `max_slot` (the scratch's slot), a multiple of 256
+/// bytes. Small calls then still have several chunks in flight (the slots' look-ahead)
+/// instead of one chunk per group, and large ones use the whole slot.
+///
+/// ```
+/// use ringccl::internals::plan::p2p::net_chunk;
+/// assert_eq!(net_chunk(2 << 20, 4 << 20), 512 << 10);
+/// assert_eq!(net_chunk(2 << 20, 1 << 30), 2 << 20);
+/// assert_eq!(net_chunk(2 << 20, 1000), 256 << 10);
+/// assert_eq!(net_chunk(4096, 1 << 20), 4096);
+/// ```
+pub fn net_chunk(max_slot: usize, unit_bytes: usize) -> usize {
+    let eighth = unit_bytes.div_ceil(2 * NET_SLOTS).div_ceil(256).saturating_mul(256);
+    eighth.max(MIN_NET_CHUNK).min(max_slot)
+}
+
 /// The pieces of byte range `[start, start + len)` of the stream made of the buffers of `ops`
 /// (operation index, bytes), in order: (operation, offset in its buffer, bytes).
 fn pieces(ops: &[(usize, usize)], start: usize, len: usize) -> Vec<(usize, usize, usize)> {
