@@ -2,8 +2,9 @@
 """One SVG plot per collective (and element type) from ringccl-perf JSON files: bus bandwidth
 against message size (log2 axis), ringccl out of place and in place against NCCL. Plain SVG,
 no plotting library needed.
-Usage: scripts/perf-plot.py OUT_DIR FILE.json [FILE.json ...]
-Writes OUT_DIR/<collective>-<type>.svg and prints each path."""
+Usage: scripts/perf-plot.py [--label TEXT] OUT_DIR FILE.json [FILE.json ...]
+Writes OUT_DIR/<collective>-<type>.svg (-<n>procs for jobs of processes) and prints each path;
+TEXT (e.g. "network path, loopback TCP") is added to every title."""
 import json
 import math
 import os
@@ -47,7 +48,7 @@ def plot(title, series, path):
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
            f'font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{LEFT}" y="22" font-size="15">{title}</text>']
+           f'<text x="{LEFT}" y="22" font-size="13">{title}</text>']
     y = 0.0
     while y <= ymax:
         out.append(f'<line x1="{LEFT}" y1="{py(y):.1f}" x2="{LEFT + pw}" y2="{py(y):.1f}" '
@@ -81,12 +82,16 @@ def plot(title, series, path):
 
 
 def main():
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    label = ""
+    if args[:1] == ["--label"] and len(args) > 1:
+        label, args = f" ({args[1]})", args[2:]
+    if len(args) < 2:
         sys.exit(__doc__)
-    out_dir = sys.argv[1]
+    out_dir = args[0]
     os.makedirs(out_dir, exist_ok=True)
     plots = {}
-    for p in sys.argv[2:]:
+    for p in args[1:]:
         doc = json.load(open(p))
         procs = doc["meta"].get("procs", 1)
         for r in doc["records"]:
@@ -99,7 +104,7 @@ def main():
     for (coll, dtype, procs), series in sorted(plots.items()):
         how = "one process" if procs == 1 else f"{procs} processes"
         path = os.path.join(out_dir, f"{coll}-{dtype}{'' if procs == 1 else f'-{procs}procs'}.svg")
-        plot(f"{coll} {dtype}, 2 GPUs, {how}: ringccl vs NCCL", series, path)
+        plot(f"{coll} {dtype}, 2 GPUs, {how}{label}: ringccl vs NCCL", series, path)
         print(path)
 
 
