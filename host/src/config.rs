@@ -9,7 +9,8 @@
 //! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
 //! | `RINGCCL_CHECK_CALLS` | [`check_calls`](Config::check_calls) | `0` | `1`: in a job of processes, every call first checks (over TCP) that every rank makes the same call; a mismatch fails the call on every rank, naming the rank |
-//! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 67108864 | smallest all-gather, broadcast or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
+//! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 16777216 | smallest all-gather or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
+//! | `RINGCCL_CE_BROADCAST_MIN_BYTES` | [`ce_broadcast_min_bytes`](Config::ce_broadcast_min_bytes) | 262144 | the same for a broadcast |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
@@ -177,11 +178,15 @@ pub struct Config {
     /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
     /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
     pub ce_min_bytes: Option<usize>,
-    /// All-gathers, broadcasts and all-to-alls of at least this many bytes (the larger of a
-    /// rank's buffers) run on the copy engines (when they can), or `None` for never unless
-    /// forced. The default, 64 MiB, is where all three beat the SM ring on 2 × H200
-    /// (`docs/perf/README.md`).
+    /// All-gathers and all-to-alls of at least this many bytes (the larger of a rank's
+    /// buffers) run on the copy engines (when they can), or `None` for never unless forced.
+    /// The default, 16 MiB, is where both beat the SM ring on 2 × H200 (all-gather +13 %,
+    /// all-to-all +8 % at 16 MiB; the ring ahead at 8 MiB: `docs/perf/README.md`).
     pub ce_copies_min_bytes: Option<usize>,
+    /// The same for broadcasts. The default, 256 KiB, is the smallest size measured: on 2 ×
+    /// H200 the copy engines beat the SM ring at every size from 256 KiB to 64 MiB (1.05 – 1.8 ×,
+    /// `docs/perf/README.md`).
+    pub ce_broadcast_min_bytes: Option<usize>,
     /// In a job of processes, check before each call that every rank makes the same call
     /// (same collective, type, op, count and root; point-to-point sends and receives that pair
     /// up): one all-gather over the bootstrap connections per call (see
@@ -218,7 +223,10 @@ pub const DEFAULT_TIMEOUT_S: u64 = 600;
 pub const DEFAULT_CE_MIN_BYTES: usize = 128 << 20;
 
 /// Default of [`Config::ce_copies_min_bytes`].
-pub const DEFAULT_CE_COPIES_MIN_BYTES: usize = 64 << 20;
+pub const DEFAULT_CE_COPIES_MIN_BYTES: usize = 16 << 20;
+
+/// Default of [`Config::ce_broadcast_min_bytes`].
+pub const DEFAULT_CE_BROADCAST_MIN_BYTES: usize = 256 << 10;
 
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
@@ -233,6 +241,7 @@ impl Default for Config {
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
+            ce_broadcast_min_bytes: Some(DEFAULT_CE_BROADCAST_MIN_BYTES),
             check_calls: false,
             chunk_bytes: None,
             peer_blocks: DEFAULT_PEER_BLOCKS,
@@ -246,7 +255,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 15] = [
+pub const ENV_VARS: [&str; 16] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -262,6 +271,7 @@ pub const ENV_VARS: [&str; 15] = [
     "RINGCCL_CE_COPIES_MIN_BYTES",
     "RINGCCL_CHECK_CALLS",
     "RINGCCL_ONESHOT_MAX_BYTES_GRAPH",
+    "RINGCCL_CE_BROADCAST_MIN_BYTES",
 ];
 
 impl Config {
@@ -321,7 +331,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -343,6 +353,9 @@ impl Config {
         }
         if let Some(v) = parse(ce_copies, get(ce_copies)?, |s| parse_bytes(s, true))? {
             c.ce_copies_min_bytes = Some(v);
+        }
+        if let Some(v) = parse(ce_bcast, get(ce_bcast)?, |s| parse_bytes(s, true))? {
+            c.ce_broadcast_min_bytes = Some(v);
         }
         if let Some(v) = parse(peer, get(peer)?, parse_blocks)? {
             c.peer_blocks = v;
@@ -499,12 +512,16 @@ mod tests {
     #[test]
     fn copy_engine_threshold_and_algorithm() {
         assert_eq!(from(&[]).unwrap().ce_min_bytes, Some(128 << 20));
-        assert_eq!(from(&[]).unwrap().ce_copies_min_bytes, Some(64 << 20));
+        assert_eq!(from(&[]).unwrap().ce_copies_min_bytes, Some(16 << 20));
+        assert_eq!(from(&[]).unwrap().ce_broadcast_min_bytes, Some(256 << 10));
+        let c = from(&[("RINGCCL_CE_BROADCAST_MIN_BYTES", "1M")]).unwrap();
+        assert_eq!(c.ce_broadcast_min_bytes, Some(1 << 20));
+        assert!(from(&[("RINGCCL_CE_BROADCAST_MIN_BYTES", "big")]).is_err());
         assert!(!from(&[]).unwrap().check_calls);
         assert!(from(&[("RINGCCL_CHECK_CALLS", "1")]).unwrap().check_calls);
         assert!(from(&[("RINGCCL_CHECK_CALLS", "maybe")]).is_err());
-        let c = from(&[("RINGCCL_CE_COPIES_MIN_BYTES", "16M")]).unwrap();
-        assert_eq!(c.ce_copies_min_bytes, Some(16 << 20));
+        let c = from(&[("RINGCCL_CE_COPIES_MIN_BYTES", "64M")]).unwrap();
+        assert_eq!(c.ce_copies_min_bytes, Some(64 << 20));
         let c = from(&[("RINGCCL_CE_MIN_BYTES", "1G"), ("RINGCCL_ALGO", "CE")]).unwrap();
         assert_eq!(
             (c.ce_min_bytes, c.algorithm),

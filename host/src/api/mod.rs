@@ -121,7 +121,12 @@ impl Communicator {
                 tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, capturing, config)
             }
             Collective::AllGather { .. } | Collective::Broadcast { .. } | Collective::AllToAll { .. }
-                if tuning::copies_on_copy_engines(max_bytes, ce_possible, config) =>
+                if tuning::copies_on_copy_engines(
+                    max_bytes,
+                    matches!(c, Collective::Broadcast { .. }),
+                    ce_possible,
+                    config,
+                ) =>
             {
                 Algorithm::CopyEngine
             }

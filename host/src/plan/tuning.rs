@@ -137,22 +137,29 @@ pub fn all_reduce_algorithm(
 /// Whether an all-gather, broadcast or all-to-all of `bytes` bytes (the larger of a rank's
 /// buffers) runs on the copy engines: where possible (`ce_possible`: one process, direct peer
 /// access between every pair, not under CUDA-graph capture), when [`Config::algorithm`] forces
-/// [`Algorithm::CopyEngine`] or from [`Config::ce_copies_min_bytes`].
+/// [`Algorithm::CopyEngine`] or from [`Config::ce_broadcast_min_bytes`] (a `broadcast`) or
+/// [`Config::ce_copies_min_bytes`] (the others).
 ///
 /// ```
 /// use ringccl::internals::plan::tuning::copies_on_copy_engines;
 /// use ringccl::Config;
 /// let c = Config::default();
-/// assert!(copies_on_copy_engines(1 << 30, true, &c));
-/// assert!(copies_on_copy_engines(64 << 20, true, &c));
-/// assert!(!copies_on_copy_engines(1 << 20, true, &c));
-/// assert!(!copies_on_copy_engines(1 << 30, false, &c));
+/// assert!(copies_on_copy_engines(1 << 30, false, true, &c));
+/// assert!(copies_on_copy_engines(16 << 20, false, true, &c));
+/// assert!(!copies_on_copy_engines(8 << 20, false, true, &c));
+/// assert!(copies_on_copy_engines(1 << 20, true, true, &c)); // a broadcast
+/// assert!(!copies_on_copy_engines(1 << 30, true, false, &c));
 /// ```
-pub fn copies_on_copy_engines(bytes: usize, ce_possible: bool, config: &Config) -> bool {
+pub fn copies_on_copy_engines(bytes: usize, broadcast: bool, ce_possible: bool, config: &Config) -> bool {
+    let min = if broadcast {
+        config.ce_broadcast_min_bytes
+    } else {
+        config.ce_copies_min_bytes
+    };
     ce_possible
         && match config.algorithm {
             Some(a) => a == Algorithm::CopyEngine,
-            None => config.ce_copies_min_bytes.is_some_and(|m| bytes >= m),
+            None => min.is_some_and(|m| bytes >= m),
         }
 }
 
