@@ -447,6 +447,51 @@ impl Gpu {
     }
 }
 
+/// A graph capturing every rank's stream in one capture: begins on `streams[0]` (relaxed
+/// mode), forks the others from it with an event, runs `body`, joins them back and ends the
+/// capture, whatever `body` returned (so that no stream is left capturing).
+///
+/// ```no_run
+/// use cudarc::driver::CudaContext;
+/// let ctxs = vec![CudaContext::new(0).unwrap(), CudaContext::new(1).unwrap()];
+/// let streams: Vec<_> = ctxs.iter().map(|c| c.new_stream().unwrap()).collect();
+/// let graph = ringccl_tests::capture_one_graph(&ctxs, &streams, || Ok(()))?;
+/// graph.launch().map_err(|e| format!("{e:?}"))?;
+/// # Ok::<(), String>(())
+/// ```
+pub fn capture_one_graph(
+    ctxs: &[Arc<CudaContext>],
+    streams: &[Arc<CudaStream>],
+    body: impl FnOnce() -> std::result::Result<(), String>,
+) -> std::result::Result<cudarc::driver::CudaGraph, String> {
+    let e = |what: &str, x: cudarc::driver::DriverError| format!("{what}: {x:?}");
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let s0 = &streams[0];
+    s0.begin_capture(mode).map_err(|x| e("begin capture", x))?;
+    let fork = ctxs[0].new_event(None).map_err(|x| e("event", x))?;
+    let mut joins = Vec::new();
+    let body = (|| -> std::result::Result<(), String> {
+        fork.record(s0).map_err(|x| e("record", x))?;
+        for s in &streams[1..] {
+            s.wait(&fork).map_err(|x| e("join the capture", x))?;
+        }
+        body()?;
+        for (c, s) in ctxs.iter().zip(streams).skip(1) {
+            let ev = c.new_event(None).map_err(|x| e("event", x))?;
+            ev.record(s).map_err(|x| e("record", x))?;
+            s0.wait(&ev).map_err(|x| e("join back", x))?;
+            joins.push(ev);
+        }
+        Ok(())
+    })();
+    // End the capture whatever happened inside it.
+    let graph = s0.end_capture(sys::CUgraphInstantiate_flags(0));
+    body?;
+    graph
+        .map_err(|x| e("end capture", x))?
+        .ok_or_else(|| "the capture made no graph".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

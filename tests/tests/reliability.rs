@@ -863,41 +863,6 @@ fn killed_rank() {
     println!("rank {rank}: dropped in {:?}", t1.elapsed());
 }
 
-/// A graph capturing every rank's stream in one capture: begins on `streams[0]`, forks the
-/// others from it with an event, runs `body`, joins them back and ends the capture.
-fn capture_one_graph(
-    ctxs: &[Arc<CudaContext>],
-    streams: &[Arc<CudaStream>],
-    body: impl FnOnce(),
-) -> cudarc::driver::CudaGraph {
-    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    let s0 = &streams[0];
-    s0.begin_capture(mode).expect("begin capture");
-    let fork = ctxs[0].new_event(None).expect("event");
-    fork.record(s0).expect("record");
-    for s in &streams[1..] {
-        s.wait(&fork).expect("join the capture");
-    }
-    body();
-    let joins: Vec<_> = ctxs
-        .iter()
-        .zip(streams)
-        .skip(1)
-        .map(|(c, s)| {
-            let e = c.new_event(None).expect("event");
-            e.record(s).expect("record");
-            s0.wait(&e).expect("join back");
-            e
-        })
-        .collect();
-    let graph = s0
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .expect("end capture")
-        .expect("a graph");
-    drop(joins);
-    graph
-}
-
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
 fn a_graph_replays_after_its_communicator_is_dropped() {
@@ -945,7 +910,11 @@ fn a_graph_replays_after_its_communicator_is_dropped() {
         s.synchronize().expect("sync");
     }
     let before = Communicator::held_by_graphs();
-    let graph = capture_one_graph(&ctxs, &streams, || call(&mut bufs));
+    let graph = ringccl_tests::capture_one_graph(&ctxs, &streams, || {
+        call(&mut bufs);
+        Ok(())
+    })
+    .expect("a graph of the calls");
     let held = Communicator::held_by_graphs() - before;
     assert_eq!(
         held,

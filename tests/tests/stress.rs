@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, NcclType, ReduceOp};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -657,41 +657,6 @@ fn check<T: Elem>(
     Ok(())
 }
 
-/// A graph capturing every rank's stream in one capture: begins on `streams[0]`, forks the
-/// others from it with an event, runs `body`, joins them back and ends the capture.
-fn capture_one_graph(
-    ctxs: &[Arc<CudaContext>],
-    streams: &[Arc<CudaStream>],
-    body: impl FnOnce() -> Result<(), String>,
-) -> Result<cudarc::driver::CudaGraph, String> {
-    let e = |what: &str, x: cudarc::driver::DriverError| format!("{what}: {x:?}");
-    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    let s0 = &streams[0];
-    s0.begin_capture(mode).map_err(|x| e("begin capture", x))?;
-    let fork = ctxs[0].new_event(None).map_err(|x| e("event", x))?;
-    let mut joins = Vec::new();
-    let body = (|| -> Result<(), String> {
-        fork.record(s0).map_err(|x| e("record", x))?;
-        for s in &streams[1..] {
-            s.wait(&fork).map_err(|x| e("join the capture", x))?;
-        }
-        body()?;
-        for (c, s) in ctxs.iter().zip(streams).skip(1) {
-            let ev = c.new_event(None).map_err(|x| e("event", x))?;
-            ev.record(s).map_err(|x| e("record", x))?;
-            s0.wait(&ev).map_err(|x| e("join back", x))?;
-            joins.push(ev);
-        }
-        Ok(())
-    })();
-    // End the capture whatever happened inside it.
-    let graph = s0.end_capture(sys::CUgraphInstantiate_flags(0));
-    body?;
-    graph
-        .map_err(|x| e("end capture", x))?
-        .ok_or_else(|| "the capture made no graph".to_string())
-}
-
 /// What one case did, for the summary.
 #[derive(Default)]
 struct Ran {
@@ -717,7 +682,7 @@ fn run_case<T: Elem>(
     check(streams, case, &im, &bufs, &want, "eager")?;
     if case.graph {
         let ctxs: Vec<Arc<CudaContext>> = (0..n).map(|r| comm.context(r).clone()).collect();
-        let graph = capture_one_graph(&ctxs, streams, || {
+        let graph = ringccl_tests::capture_one_graph(&ctxs, streams, || {
             call_ringccl(comm, streams, case, &mut bufs)
         })
         .map_err(|e| format!("graph {case:?}: {e}"))?;
