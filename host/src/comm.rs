@@ -359,6 +359,7 @@ impl Communicator {
                 nranks,
                 &boot,
                 config.bootstrap_timeout,
+                config.net_lanes,
             )?)),
         };
         let ctxs = [res.ctx.clone()];

@@ -19,6 +19,7 @@
 //! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
 //! | `RINGCCL_TIMEOUT` | [`timeout`](Config::timeout) | 600 | seconds a device-side wait for a peer (and a host wait: `synchronize`, drop) lasts before it gives up with `Error::Timeout`; `0`: no limit (an abort still ends it) |
 //! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups (`peer_ops`) and all-reduces of a job of processes go through the network transport (UCX, loaded at run time), even between processes of one machine |
+//! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 2 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -211,6 +212,11 @@ pub struct Config {
     pub timeout: Option<std::time::Duration>,
     /// Whether ranks in other processes are reached over the network.
     pub net: Network,
+    /// Lanes of the network proxy (1 to 16, the same on every rank): threads, each with its
+    /// own UCX worker and connections, that carry a pair's chunks in turn
+    /// (`ringccl::internals::transport::net::proxy`). Over loopback TCP on one machine, one
+    /// thread that both sends and receives was the limit (`docs/NETWORK.md`).
+    pub net_lanes: usize,
     /// What is reported on stderr.
     pub debug: DebugLevel,
 }
@@ -227,6 +233,9 @@ pub const DEFAULT_CE_COPIES_MIN_BYTES: usize = 16 << 20;
 
 /// Default of [`Config::ce_broadcast_min_bytes`].
 pub const DEFAULT_CE_BROADCAST_MIN_BYTES: usize = 256 << 10;
+
+/// Default of [`Config::net_lanes`].
+pub const DEFAULT_NET_LANES: usize = 2;
 
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
@@ -249,13 +258,14 @@ impl Default for Config {
             bootstrap_timeout: std::time::Duration::from_secs(DEFAULT_BOOTSTRAP_TIMEOUT_S),
             timeout: Some(std::time::Duration::from_secs(DEFAULT_TIMEOUT_S)),
             net: Network::Off,
+            net_lanes: DEFAULT_NET_LANES,
             debug: DebugLevel::Off,
         }
     }
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 16] = [
+pub const ENV_VARS: [&str; 17] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -272,6 +282,7 @@ pub const ENV_VARS: [&str; 16] = [
     "RINGCCL_CHECK_CALLS",
     "RINGCCL_ONESHOT_MAX_BYTES_GRAPH",
     "RINGCCL_CE_BROADCAST_MIN_BYTES",
+    "RINGCCL_NET_LANES",
 ];
 
 impl Config {
@@ -331,7 +342,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -372,6 +383,9 @@ impl Config {
         }
         if let Some(v) = parse(net, get(net)?, str::parse)? {
             c.net = v;
+        }
+        if let Some(v) = parse(lanes, get(lanes)?, parse_lanes)? {
+            c.net_lanes = v;
         }
         Ok(c)
     }
@@ -482,6 +496,13 @@ fn parse_timeout(s: &str) -> std::result::Result<Option<std::time::Duration>, St
     }
 }
 
+fn parse_lanes(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=16).contains(&v) => Ok(v),
+        _ => Err("expected 1 to 16 lanes".into()),
+    }
+}
+
 fn parse_blocks(s: &str) -> std::result::Result<u32, String> {
     match s.parse::<u32>() {
         Ok(v) if v > 0 => Ok(v),
@@ -564,9 +585,15 @@ mod tests {
             ("RINGCCL_BOOTSTRAP_TIMEOUT", "2.5"),
             ("RINGCCL_TIMEOUT", "1.5"),
             ("RINGCCL_NET", "ucx"),
+            ("RINGCCL_NET_LANES", "4"),
         ])
         .unwrap();
         assert_eq!(c.net, Network::Ucx);
+        assert_eq!(c.net_lanes, 4);
+        for bad in ["0", "17", "two"] {
+            let e = from(&[("RINGCCL_NET_LANES", bad)]).unwrap_err();
+            assert!(matches!(e, Error::Config { ref variable, .. } if variable == "RINGCCL_NET_LANES"), "{e}");
+        }
         assert_eq!(c.timeout, Some(std::time::Duration::from_millis(1500)));
         assert_eq!(from(&[("RINGCCL_TIMEOUT", "0")]).unwrap().timeout, None);
         assert!(c.p2p_disable);

@@ -1,6 +1,14 @@
-//! The network proxy: one thread per rank that carries the rank's signals (and the chunks they
-//! announce) to its network peers over a UCP worker, and publishes the peers' signals into the
+//! The network proxy: threads of a rank that carry the rank's signals (and the chunks they
+//! announce) to its network peers over UCP workers, and publish the peers' signals into the
 //! rank's memory. See the parent module for the protocol.
+//!
+//! A proxy has one or more **lanes** ([`NetOptions::lanes`]): each is a thread with its own UCP
+//! worker and its own endpoint to the same lane of every peer. Signal `k` of a pair travels on
+//! lane `k % lanes` (every rank derives the same lane), so consecutive chunks move through
+//! different workers, threads and connections at once; the receiving lanes publish a peer's
+//! counter together, strictly in counter order. Over TCP a worker's thread does the system
+//! calls that copy every byte, and one thread per rank that both sends and receives was the
+//! limit (`docs/NETWORK.md`).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,8 +43,63 @@ const KIND_BYE: u32 = 2;
 const RELEASE: u64 = 1 << 62;
 /// Receives kept posted.
 const POSTED_RECVS: usize = 8;
-/// Framing of a published worker address: magic, rank, nranks, address bytes.
-const ADDRESS_MAGIC: &[u8; 8] = b"RCCLUCX1";
+/// Framing of a rank's published worker addresses: magic, rank, nranks, lanes (u32 each,
+/// little-endian), then per lane its length (u32) and its bytes.
+const ADDRESS_MAGIC: &[u8; 8] = b"RCCLUCX2";
+/// Default of [`NetOptions::lanes`].
+pub const DEFAULT_LANES: usize = 2;
+/// Most lanes a proxy may have.
+pub const MAX_LANES: usize = 16;
+
+/// The bytes a rank publishes for its lanes' worker `addresses` (see [`ADDRESS_MAGIC`]).
+pub(crate) fn frame_addresses(rank: usize, nranks: usize, addresses: &[Vec<u8>]) -> Vec<u8> {
+    let mut blob = ADDRESS_MAGIC.to_vec();
+    for v in [rank, nranks, addresses.len()] {
+        blob.extend_from_slice(&(v as u32).to_le_bytes());
+    }
+    for a in addresses {
+        blob.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        blob.extend_from_slice(a);
+    }
+    blob
+}
+
+/// The lanes' worker addresses that rank `q` of `nranks` published, if the blob is framed as
+/// [`frame_addresses`] does, for `lanes` lanes, and no address is empty.
+fn parse_addresses(b: &[u8], q: usize, nranks: usize, lanes: usize) -> Option<Vec<&[u8]>> {
+    let u32_at = |i: usize| Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?) as usize);
+    let m = ADDRESS_MAGIC.len();
+    if b.get(..m)? != ADDRESS_MAGIC || u32_at(m)? != q || u32_at(m + 4)? != nranks {
+        return None;
+    }
+    if u32_at(m + 8)? != lanes {
+        return None;
+    }
+    let mut at = m + 12;
+    let mut out = Vec::with_capacity(lanes);
+    for _ in 0..lanes {
+        let len = u32_at(at)?;
+        let a = b.get(at + 4..at.checked_add(4)?.checked_add(len)?)?;
+        if a.is_empty() {
+            return None;
+        }
+        out.push(a);
+        at += 4 + len;
+    }
+    (at == b.len()).then_some(out)
+}
+
+/// The lane that carries signal `k` of a pair.
+pub fn lane_of(k: u64, lanes: usize) -> usize {
+    (k % lanes.max(1) as u64) as usize
+}
+
+/// The smallest counter above `after` that lane `lane` of `lanes` carries.
+fn next_on_lane(after: u64, lane: usize, lanes: usize) -> u64 {
+    let l = lanes.max(1) as u64;
+    let k = after + 1;
+    k + (lane as u64 + l - k % l) % l
+}
 
 /// A chunk that a signal carries: `bytes` from this rank's outbox at `from` into the peer's
 /// scratch at `to`.
@@ -69,6 +132,9 @@ pub struct NetOptions {
     pub timeout: Duration,
     /// UCX settings applied over the environment (names without `UCX_`), e.g. `TLS=tcp`.
     pub ucx: Vec<(String, String)>,
+    /// Lanes: threads, each with its own UCP worker and endpoints, that carry a pair's signals
+    /// in turn (1 to [`MAX_LANES`]; every rank must use the same number).
+    pub lanes: usize,
 }
 
 /// UCX settings ringccl applies unless the environment sets them: TCP segments of 256 KiB
@@ -106,24 +172,57 @@ pub fn ucx_defaults() -> Vec<(String, String)> {
 }
 
 impl Default for NetOptions {
-    /// A 60 s timeout and [`ucx_defaults`].
+    /// A 60 s timeout, [`ucx_defaults`] and [`DEFAULT_LANES`] lanes.
     fn default() -> Self {
         NetOptions {
             timeout: Duration::from_secs(60),
             ucx: ucx_defaults(),
+            lanes: DEFAULT_LANES,
         }
     }
 }
 
-/// What the proxy thread and its owner share.
+/// What the proxy's lanes and its owner share.
 #[derive(Debug, Default)]
 struct Shared {
     stop: AtomicBool,
     failed: AtomicBool,
+    /// Set by the lane that released the flag words (they are released once).
+    released: AtomicBool,
     error: Mutex<Option<Error>>,
+    /// Per peer: what the lanes have published of its counter, and the signals complete above
+    /// it.
+    publish: Vec<Mutex<Publish>>,
+}
+
+/// A peer's signals as the lanes complete them (see [`Run::complete`]).
+#[derive(Debug, Default)]
+struct Publish {
+    at: u64,
+    arrived: BTreeSet<u64>,
 }
 
 impl Shared {
+    fn new(nranks: usize) -> Shared {
+        Shared {
+            publish: (0..nranks).map(|_| Mutex::default()).collect(),
+            ..Shared::default()
+        }
+    }
+
+    /// Raises every flag word of `mem` by [`RELEASE`], once, so that every wait of the stream
+    /// ends.
+    fn release(&self, mem: &NetMem) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for q in 0..mem.nranks() {
+            if let Some(w) = mem.flag(q) {
+                w.fetch_add(RELEASE, Ordering::AcqRel);
+            }
+        }
+    }
+
     fn fail(&self, e: Error) {
         if let Ok(mut slot) = self.error.lock() {
             slot.get_or_insert(e);
@@ -144,7 +243,8 @@ impl Shared {
     }
 }
 
-/// A rank's network proxy: a thread with a UCP worker connected to every other rank.
+/// A rank's network proxy: one thread per lane, each with a UCP worker connected to the same
+/// lane of every other rank.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -160,9 +260,10 @@ impl Shared {
 pub struct Proxy {
     rank: usize,
     mem: Arc<NetMem>,
-    tx: Option<Sender<Vec<Outgoing>>>,
+    /// Per lane: where its part of each program goes (`None` once closed).
+    tx: Vec<Option<Sender<Vec<Outgoing>>>>,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 fn net(rank: usize, peer: Option<usize>, reason: String) -> Error {
@@ -199,81 +300,110 @@ impl Proxy {
                 ),
             });
         }
-        // Every rank takes part in the exchange, even one whose UCX failed (it sends an empty
+        let lanes = opts.lanes;
+        if !(1..=MAX_LANES).contains(&lanes) {
+            return Err(Error::Config {
+                variable: "RINGCCL_NET_LANES".into(),
+                value: lanes.to_string(),
+                reason: format!("give 1 to {MAX_LANES} lanes"),
+            });
+        }
+        // Every rank takes part in the exchange, even one whose UCX failed (it sends no
         // address), so that the others learn of the failure instead of waiting.
         let local = Ucp::load().and_then(|ucp| {
             let overrides: Vec<(&str, &str)> =
                 opts.ucx.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
             let ctx = Context::new(ucp, &overrides)?;
-            let worker = Worker::new(&ctx)?;
-            let address = worker.address()?;
-            Ok((worker, address))
+            let mut workers = Vec::with_capacity(lanes);
+            let mut addresses = Vec::with_capacity(lanes);
+            for _ in 0..lanes {
+                let worker = Worker::new(&ctx)?;
+                addresses.push(worker.address()?);
+                workers.push(worker);
+            }
+            Ok((workers, addresses))
         });
-        let mut blob = ADDRESS_MAGIC.to_vec();
-        blob.extend_from_slice(&(rank as u32).to_le_bytes());
-        blob.extend_from_slice(&(nranks as u32).to_le_bytes());
-        if let Ok((_, address)) = &local {
-            blob.extend_from_slice(address);
-        }
+        let blob = match &local {
+            Ok((_, addresses)) => frame_addresses(rank, nranks, addresses),
+            Err(_) => frame_addresses(rank, nranks, &[]),
+        };
         let all = exchange.all_gather(&blob)?;
-        let (mut worker, _) = local.map_err(|e| located(e, rank, None))?;
+        let (workers, _) = local.map_err(|e| located(e, rank, None))?;
         if all.len() != nranks {
             return Err(net(rank, None, format!("{} addresses for {nranks} ranks", all.len())));
         }
-        let mut eps = Vec::with_capacity(nranks);
+        let mut peers = Vec::with_capacity(nranks);
         for (q, b) in all.iter().enumerate() {
-            let head = ADDRESS_MAGIC.len() + 8;
-            let framed = b.len() > head
-                && &b[..ADDRESS_MAGIC.len()] == ADDRESS_MAGIC
-                && b[8..12] == (q as u32).to_le_bytes()
-                && b[12..16] == (nranks as u32).to_le_bytes();
-            if !framed {
+            let Some(addresses) = parse_addresses(b, q, nranks, lanes) else {
                 return Err(net(
                     rank,
                     Some(q),
                     format!(
-                        "rank {q} published no usable UCX worker address ({} bytes): its UCX \
-                         failed to start, or it is not a ringccl rank of this world",
+                        "rank {q} published no usable UCX worker addresses for {lanes} lane(s) \
+                         ({} bytes): its UCX failed to start, it uses another number of lanes \
+                         (RINGCCL_NET_LANES must be the same on every rank), or it is not a \
+                         ringccl rank of this world",
                         b.len()
                     ),
                 ));
-            }
-            if q == rank {
-                eps.push(None);
-                continue;
-            }
-            // SAFETY: the bytes after the framing are what rank `q`'s `Worker::address`
-            // returned (checked framing from the communicator's own bootstrap).
-            let ep = unsafe { worker.connect(&b[head..]) }.map_err(|e| located(e, rank, Some(q)))?;
-            eps.push(Some(ep));
+            };
+            peers.push(addresses);
         }
-        let shared = Arc::new(Shared::default());
-        let (tx, rx) = channel();
-        let mut run = Run::new(rank, mem.clone(), worker, eps, rx, shared.clone(), opts.timeout);
-        let thread = std::thread::Builder::new()
-            .name(format!("ringccl-net-{rank}"))
-            .spawn(move || {
-                let shared = run.shared.clone();
-                if let Err(e) = run.main() {
-                    shared.fail(e);
-                    // Release every stream waiting on a peer (a GPU stream cannot be
-                    // interrupted otherwise); the failure is reported to the host instead.
-                    for q in 0..run.mem.nranks() {
-                        if let Some(w) = run.mem.flag(q) {
-                            w.fetch_add(RELEASE, Ordering::AcqRel);
-                        }
-                    }
+        let shared = Arc::new(Shared::new(nranks));
+        let mut txs = Vec::with_capacity(lanes);
+        let mut threads = Vec::with_capacity(lanes);
+        for (lane, mut worker) in workers.into_iter().enumerate() {
+            let mut eps = Vec::with_capacity(nranks);
+            for (q, addresses) in peers.iter().enumerate() {
+                if q == rank {
+                    eps.push(None);
+                    continue;
                 }
-                // The worker (and its endpoints) are released here, in this thread.
-                drop(run);
-            })
-            .map_err(|e| net(rank, None, format!("cannot start the proxy thread: {e}")))?;
+                // SAFETY: the bytes are what rank `q`'s `Worker::address` returned for this lane
+                // (checked framing from the communicator's own bootstrap).
+                let ep = unsafe { worker.connect(addresses[lane]) }
+                    .map_err(|e| located(e, rank, Some(q)))?;
+                eps.push(Some(ep));
+            }
+            let (tx, rx) = channel();
+            let at = Lane { lane, lanes };
+            let mut run = Run::new(rank, at, mem.clone(), worker, eps, rx, shared.clone(), opts.timeout);
+            let thread = std::thread::Builder::new()
+                .name(format!("ringccl-net-{rank}.{lane}"))
+                .spawn(move || {
+                    let shared = run.shared.clone();
+                    if let Err(e) = run.main() {
+                        shared.fail(e);
+                        // Release every stream waiting on a peer (a GPU stream cannot be
+                        // interrupted otherwise); the failure is reported to the host instead.
+                        shared.release(&run.mem);
+                    }
+                    // The worker (and its endpoints) are released here, in this thread.
+                    drop(run);
+                });
+            match thread {
+                Ok(t) => {
+                    txs.push(Some(tx));
+                    threads.push(t);
+                }
+                Err(e) => {
+                    // The lanes already started stop (their peers see the error).
+                    shared.fail(net(rank, None, format!("cannot start a proxy thread: {e}")));
+                    shared.stop.store(true, Ordering::Release);
+                    drop(txs);
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(net(rank, None, format!("cannot start a proxy thread: {e}")));
+                }
+            }
+        }
         Ok(Proxy {
             rank,
             mem,
-            tx: Some(tx),
+            tx: txs,
             shared,
-            thread: Some(thread),
+            threads,
         })
     }
 
@@ -288,11 +418,22 @@ impl Proxy {
         if let Some(e) = self.shared.error() {
             return Err(e);
         }
-        let tx = self.tx.as_ref().ok_or_else(|| net(self.rank, None, "the proxy is closed".into()))?;
-        tx.send(program).map_err(|_| match self.shared.error() {
-            Some(e) => e,
-            None => net(self.rank, None, "the proxy thread has ended".into()),
-        })
+        let lanes = self.tx.len();
+        let mut parts: Vec<Vec<Outgoing>> = vec![Vec::new(); lanes];
+        for o in program {
+            parts[lane_of(o.k, lanes)].push(o);
+        }
+        for (tx, part) in self.tx.iter().zip(parts) {
+            if part.is_empty() {
+                continue;
+            }
+            let tx = tx.as_ref().ok_or_else(|| net(self.rank, None, "the proxy is closed".into()))?;
+            tx.send(part).map_err(|_| match self.shared.error() {
+                Some(e) => e,
+                None => net(self.rank, None, "a proxy thread has ended".into()),
+            })?;
+        }
+        Ok(())
     }
 
     /// The proxy's failure, if it failed (it stops at its first failure).
@@ -350,13 +491,15 @@ impl Proxy {
 
     fn finish(&mut self) -> Result<()> {
         self.shared.stop.store(true, Ordering::Release);
-        self.tx = None;
-        if let Some(t) = self.thread.take() {
-            if t.join().is_err() {
-                return Err(Error::Internal {
-                    reason: "the network proxy thread panicked".into(),
-                });
-            }
+        self.tx.iter_mut().for_each(|tx| *tx = None);
+        let mut panicked = false;
+        for t in self.threads.drain(..) {
+            panicked |= t.join().is_err();
+        }
+        if panicked {
+            return Err(Error::Internal {
+                reason: "a network proxy thread panicked".into(),
+            });
         }
         match self.shared.error() {
             Some(e) => Err(e),
@@ -389,23 +532,30 @@ struct Incoming {
     bytes: usize,
 }
 
-/// The proxy thread's state. `worker` comes first: it is dropped (cancelling and releasing its
+/// Which lane of how many a [`Run`] is.
+#[derive(Clone, Copy, Debug)]
+struct Lane {
+    lane: usize,
+    lanes: usize,
+}
+
+/// A lane's thread state. `worker` comes first: it is dropped (cancelling and releasing its
 /// requests) before the buffers they use.
 struct Run {
     worker: Worker,
     rank: usize,
+    at: Lane,
     mem: Arc<NetMem>,
     eps: Vec<Option<EpId>>,
     rx: Receiver<Vec<Outgoing>>,
     shared: Arc<Shared>,
     timeout: Duration,
     queues: Vec<VecDeque<Outgoing>>,
-    /// Last counter value sent to each peer.
+    /// Last counter value this lane sent to each peer.
     sent: Vec<u64>,
-    /// Signals from each peer above the published one whose header has arrived.
+    /// Signals from each peer whose header has arrived on this lane and that are not yet
+    /// published.
     seen: Vec<BTreeSet<u64>>,
-    /// Of those, the ones complete (their chunk, if any, is in the scratch).
-    arrived: Vec<BTreeSet<u64>>,
     bye: Vec<bool>,
     sends: Vec<InFlight>,
     /// Header receive buffers and the request each is posted with.
@@ -418,8 +568,10 @@ struct Run {
 }
 
 impl Run {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         rank: usize,
+        at: Lane,
         mem: Arc<NetMem>,
         worker: Worker,
         eps: Vec<Option<EpId>>,
@@ -431,6 +583,7 @@ impl Run {
         Run {
             worker,
             rank,
+            at,
             mem,
             eps,
             rx,
@@ -439,7 +592,6 @@ impl Run {
             queues: vec![VecDeque::new(); n],
             sent: vec![0; n],
             seen: vec![BTreeSet::new(); n],
-            arrived: vec![BTreeSet::new(); n],
             bye: vec![false; n],
             sends: Vec::new(),
             recvs: (0..POSTED_RECVS).map(|_| (vec![0u8; HEADER_BYTES], None)).collect(),
@@ -467,6 +619,10 @@ impl Run {
             busy |= self.poll_recvs()?;
             busy |= self.poll_incoming()?;
             self.check_endpoints()?;
+            if self.shared.failed.load(Ordering::Acquire) {
+                // Another lane failed (and reported it): this one stops too.
+                return Ok(());
+            }
             if self.closed || self.shared.stop.load(Ordering::Acquire) {
                 self.closed = true;
                 let start = *closing.get_or_insert_with(Instant::now);
@@ -564,11 +720,12 @@ impl Run {
                 if posted.load(Ordering::Acquire) < o.k {
                     break;
                 }
-                if o.k != self.sent[q] + 1 {
+                if o.k != next_on_lane(self.sent[q], self.at.lane, self.at.lanes) {
                     return Err(Error::Internal {
                         reason: format!(
-                            "network signal {} to rank {q} after {}: not consecutive",
-                            o.k, self.sent[q]
+                            "network signal {} to rank {q} after {} on lane {} of {}: not \
+                             consecutive",
+                            o.k, self.sent[q], self.at.lane, self.at.lanes
                         ),
                     });
                 }
@@ -714,8 +871,20 @@ impl Run {
             KIND_SIGNAL => {}
             k => return Err(self.err(Some(q), format!("a message of kind {k}"))),
         }
-        let flag = self.mem.flag(q).ok_or_else(|| self.err(Some(q), "no flag word".into()))?;
-        if h.k <= flag.load(Ordering::Relaxed) || !self.seen[q].insert(h.k) {
+        if lane_of(h.k, self.at.lanes) != self.at.lane {
+            return Err(self.err(
+                Some(q),
+                format!(
+                    "signal {} from rank {q} on lane {} of {}: it belongs on lane {}",
+                    h.k,
+                    self.at.lane,
+                    self.at.lanes,
+                    lane_of(h.k, self.at.lanes)
+                ),
+            ));
+        }
+        let published = self.shared.publish[q].lock().map(|p| p.at).unwrap_or(u64::MAX);
+        if h.k <= published || !self.seen[q].insert(h.k) {
             return Err(self.err(Some(q), format!("signal {} from rank {q} twice", h.k)));
         }
         if h.bytes == 0 {
@@ -771,20 +940,25 @@ impl Run {
         Ok(any)
     }
 
-    /// Signal `k` from `q` is complete: publishes `q`'s counter as far as it is contiguous
-    /// (a later signal can complete first).
+    /// Signal `k` from `q` is complete: publishes `q`'s counter as far as it is contiguous over
+    /// every lane (a later signal, on this lane or another, can complete first).
     fn complete(&mut self, q: usize, k: u64) -> Result<()> {
-        self.arrived[q].insert(k);
         let flag = self.mem.flag(q).ok_or_else(|| self.err(Some(q), "no flag word".into()))?;
-        let published = flag.load(Ordering::Relaxed);
-        let mut at = published;
-        while self.arrived[q].remove(&(at + 1)) {
-            self.seen[q].remove(&(at + 1));
-            at += 1;
+        let mut p = self.shared.publish[q].lock().map_err(|_| Error::Internal {
+            reason: "the network proxy's publication state is poisoned".into(),
+        })?;
+        let p = &mut *p;
+        p.arrived.insert(k);
+        let before = p.at;
+        while p.arrived.remove(&(p.at + 1)) {
+            p.at += 1;
         }
-        if at > published {
-            flag.store(at, Ordering::Release);
+        if p.at > before {
+            // `fetch_max`: a failed lane may have raised the word by `RELEASE` meanwhile.
+            flag.fetch_max(p.at, Ordering::Release);
         }
+        let at = p.at;
+        self.seen[q] = self.seen[q].split_off(&(at + 1));
         Ok(())
     }
 
@@ -842,3 +1016,42 @@ fn header(kind: u32, src: usize, k: u64, to: usize, bytes: usize) -> Vec<u8> {
     v.extend_from_slice(&(bytes as u64).to_le_bytes());
     v
 }
+
+#[cfg(test)]
+mod lane_tests {
+    use super::*;
+
+    #[test]
+    fn each_lane_carries_every_lanes_th_counter_in_order() {
+        for lanes in 1..=5 {
+            for lane in 0..lanes {
+                let mut k = 0;
+                let mut got = Vec::new();
+                for _ in 0..6 {
+                    k = next_on_lane(k, lane, lanes);
+                    got.push(k);
+                }
+                let want: Vec<u64> =
+                    (1..=40).filter(|&k| lane_of(k, lanes) == lane).take(6).collect();
+                assert_eq!(got, want, "lane {lane} of {lanes}");
+            }
+        }
+    }
+
+    #[test]
+    fn addresses_round_trip_and_bad_framing_is_refused() {
+        let addresses = vec![vec![1u8, 2, 3], vec![4u8; 70]];
+        let b = frame_addresses(1, 3, &addresses);
+        let got = parse_addresses(&b, 1, 3, 2).expect("framed");
+        assert_eq!(got, vec![&addresses[0][..], &addresses[1][..]]);
+        assert!(parse_addresses(&b, 0, 3, 2).is_none(), "another rank's");
+        assert!(parse_addresses(&b, 1, 4, 2).is_none(), "another world's");
+        assert!(parse_addresses(&b, 1, 3, 1).is_none(), "another lane count");
+        assert!(parse_addresses(&b[..b.len() - 1], 1, 3, 2).is_none(), "truncated");
+        let mut long = b.clone();
+        long.push(0);
+        assert!(parse_addresses(&long, 1, 3, 2).is_none(), "trailing bytes");
+        assert!(parse_addresses(&frame_addresses(1, 3, &[vec![], vec![1]]), 1, 3, 2).is_none());
+    }
+}
+

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::proxy::{NetOptions, Outgoing, Proxy};
+use super::proxy::{frame_addresses, NetOptions, Outgoing, Proxy, DEFAULT_LANES};
 use super::ucp::{Context, Ucp, Worker};
 use super::{outbox_offset, NetMem};
 use crate::exec::net::program;
@@ -40,12 +40,17 @@ fn have_ucx() -> bool {
 }
 
 fn options() -> NetOptions {
+    options_with(DEFAULT_LANES)
+}
+
+fn options_with(lanes: usize) -> NetOptions {
     NetOptions {
         timeout: TIMEOUT,
         ucx: [("TLS".into(), "tcp".into()), ("NET_DEVICES".into(), "lo".into())]
             .into_iter()
             .chain(super::proxy::ucx_defaults())
             .collect(),
+        lanes,
     }
 }
 
@@ -60,12 +65,18 @@ struct Rank {
 
 impl Rank {
     fn start(me: usize, n: usize, exchange: &dyn Exchange) -> Result<Rank> {
-        Rank::start_with(me, n, exchange, SCRATCH)
+        Rank::start_with(me, n, exchange, SCRATCH, DEFAULT_LANES)
     }
 
-    fn start_with(me: usize, n: usize, exchange: &dyn Exchange, scratch: usize) -> Result<Rank> {
+    fn start_with(
+        me: usize,
+        n: usize,
+        exchange: &dyn Exchange,
+        scratch: usize,
+        lanes: usize,
+    ) -> Result<Rank> {
         let mem = Arc::new(NetMem::new(n, scratch)?);
-        let proxy = Proxy::start(me, n, mem, exchange, options())?;
+        let proxy = Proxy::start(me, n, mem, exchange, options_with(lanes))?;
         Ok(Rank {
             me,
             n,
@@ -205,11 +216,11 @@ fn check_all_reduce(rank: &mut Rank, count: usize) -> Result<()> {
 
 /// Runs `f(rank)` on `n` threads joined through a real bootstrap over loopback.
 fn threads(n: usize, f: impl Fn(&mut Rank) -> Result<()> + Sync) {
-    threads_with(n, SCRATCH, f)
+    threads_with(n, SCRATCH, DEFAULT_LANES, f)
 }
 
-/// [`threads`] with `scratch` bytes of scratch per rank.
-fn threads_with(n: usize, scratch: usize, f: impl Fn(&mut Rank) -> Result<()> + Sync) {
+/// [`threads`] with `scratch` bytes of scratch per rank and `lanes` proxy lanes.
+fn threads_with(n: usize, scratch: usize, lanes: usize, f: impl Fn(&mut Rank) -> Result<()> + Sync) {
     let id = UniqueId::new_at("127.0.0.1:0".parse().expect("an address")).expect("a rendezvous");
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
@@ -217,7 +228,7 @@ fn threads_with(n: usize, scratch: usize, f: impl Fn(&mut Rank) -> Result<()> + 
                 let f = &f;
                 s.spawn(move || -> Result<()> {
                     let boot = Bootstrap::join(&id, n, r, TIMEOUT)?;
-                    let mut rank = Rank::start_with(r, n, &boot, scratch)?;
+                    let mut rank = Rank::start_with(r, n, &boot, scratch, lanes)?;
                     f(&mut rank)?;
                     rank.proxy.close()
                 })
@@ -265,7 +276,7 @@ fn megabyte_chunks_both_ways() {
     }
     // The GPU path's slots: its scratch for 2 ranks is 2 MiB per chunk (UCX's rendezvous
     // protocol, where small chunks go eagerly).
-    threads_with(2, crate::transport::net::pinned::NET_SCRATCH_BYTES, |rank| {
+    threads_with(2, crate::transport::net::pinned::NET_SCRATCH_BYTES, DEFAULT_LANES, |rank| {
         let peer = 1 - rank.me;
         let bytes = (9 << 20) + 12_345;
         let pattern = |from: usize| -> Vec<u8> {
@@ -444,11 +455,59 @@ fn a_malformed_address_is_refused_before_ucx_sees_it() {
     }
     let mem = Arc::new(NetMem::new(2, SCRATCH).expect("memory"));
     let fake = Fake {
-        other: b"RCCLUCX1\x01\0\0\0\x02\0\0\0".to_vec(), // framing without an address
+        other: frame_addresses(1, 2, &[]), // framing without an address
     };
     let e = Proxy::start(0, 2, mem, &fake, options()).expect_err("no address");
     assert!(matches!(e, Error::Network { peer: Some(1), .. }), "{e}");
     eprintln!("{e}");
+}
+
+#[test]
+fn ranks_with_different_lane_counts_are_refused_naming_the_variable() {
+    if !have_ucx() {
+        return;
+    }
+    // Rank 1 published one lane's address where this rank has two.
+    let ctx = Context::new(Ucp::load().expect("UCX"), &[("TLS", "tcp"), ("NET_DEVICES", "lo")])
+        .expect("a context");
+    let w = Worker::new(&ctx).expect("a worker");
+    let fake = Fake {
+        other: frame_addresses(1, 2, &[w.address().expect("an address")]),
+    };
+    let mem = Arc::new(NetMem::new(2, SCRATCH).expect("memory"));
+    let e = Proxy::start(0, 2, mem, &fake, options_with(2)).expect_err("one lane against two");
+    assert!(matches!(e, Error::Network { peer: Some(1), .. }), "{e}");
+    assert!(e.to_string().contains("RINGCCL_NET_LANES"), "{e}");
+    let mem = Arc::new(NetMem::new(2, SCRATCH).expect("memory"));
+    let e = Proxy::start(0, 2, mem, &fake, options_with(0)).expect_err("no lanes");
+    assert!(matches!(e, Error::Config { .. }), "{e}");
+}
+
+#[test]
+fn every_lane_count_carries_a_ring_all_reduce_bit_exact() {
+    if !have_ucx() {
+        return;
+    }
+    // Chunks of a pair alternate over the lanes; the receivers publish in counter order.
+    for lanes in [1, 3, 4] {
+        threads_with(3, SCRATCH, lanes, |rank| {
+            check_all_reduce(rank, 10_000)?;
+            check_all_reduce(rank, 7)
+        });
+        threads_with(2, SCRATCH, lanes, |rank| {
+            let peer = 1 - rank.me;
+            let bytes = 100_003;
+            let pattern = |from: usize| -> Vec<u8> { (0..bytes).map(|j| (j * 13 + from) as u8).collect() };
+            let ops = [
+                P2pOp { dir: Dir::Send, peer, bytes },
+                P2pOp { dir: Dir::Recv, peer, bytes },
+            ];
+            let mut bufs = vec![pattern(rank.me), vec![0u8; bytes]];
+            rank.group(&ops, &mut bufs)?;
+            assert!(bufs[1] == pattern(peer), "rank {} with {lanes} lanes: wrong", rank.me);
+            Ok(())
+        });
+    }
 }
 
 #[test]
@@ -460,10 +519,11 @@ fn a_peer_that_is_gone_is_an_error_not_a_hang() {
     let stale = {
         let ctx = Context::new(Ucp::load().expect("UCX"), &[("TLS", "tcp"), ("NET_DEVICES", "lo")])
             .expect("a context");
-        let w = Worker::new(&ctx).expect("a worker");
-        let mut b = b"RCCLUCX1\x01\0\0\0\x02\0\0\0".to_vec();
-        b.extend(w.address().expect("an address"));
-        b
+        let workers: Vec<Worker> =
+            (0..DEFAULT_LANES).map(|_| Worker::new(&ctx).expect("a worker")).collect();
+        let addresses: Vec<Vec<u8>> =
+            workers.iter().map(|w| w.address().expect("an address")).collect();
+        frame_addresses(1, 2, &addresses)
     };
     let mem = Arc::new(NetMem::new(2, SCRATCH).expect("memory"));
     let opts = NetOptions {
