@@ -23,6 +23,7 @@ use crate::config::{Config, Network};
 use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
+use crate::exec::rank_threads::RankThreads;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
 use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
@@ -68,6 +69,9 @@ pub struct Communicator {
     /// Shared with every CUDA graph that captured a call of this communicator: the device
     /// resources move here on drop while such a graph exists (see [`GraphHold`]).
     graphs: Arc<GraphHold>,
+    /// One host thread per GPU but the first, for the enqueue of small eager calls
+    /// ([`Config::rank_threads`]; none for one GPU or a rank of a job of processes).
+    rank_threads: Option<RankThreads>,
 }
 
 /// How long the communicator's drop waits for its work after an abort or a failure (the
@@ -287,6 +291,11 @@ impl Communicator {
             Some(first) => Health::new(&first.ctx, (0..n).collect(), config.timeout)?,
             None => return Err(Error::TooFewDevices { needed: 1, found: 0 }),
         };
+        let rank_threads = if config.rank_threads && n > 1 {
+            Some(RankThreads::new(n)?)
+        } else {
+            None
+        };
         let comm = Communicator {
             streams: ranks.iter().map(|r| r.stream.clone()).collect(),
             local: (0..n).collect(),
@@ -301,6 +310,7 @@ impl Communicator {
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
             graphs: Arc::default(),
+            rank_threads,
         };
         comm.report_setup(how);
         Ok(comm)
@@ -388,6 +398,7 @@ impl Communicator {
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
             graphs: Arc::default(),
+            rank_threads: None,
         };
         comm.report_setup("device order");
         Ok(comm)
@@ -880,6 +891,11 @@ impl Communicator {
     }
 
     /// Locks the communicator for one call's issue: the handle an executor works through.
+    /// The host threads of the ranks, if this communicator has them.
+    pub(crate) fn rank_threads(&self) -> Option<&RankThreads> {
+        self.rank_threads.as_ref()
+    }
+
     pub(crate) fn begin_call(&self) -> Call<'_> {
         Call::new(
             &self.ranks,

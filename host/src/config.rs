@@ -20,6 +20,7 @@
 //! | `RINGCCL_TIMEOUT` | [`timeout`](Config::timeout) | 600 | seconds a device-side wait for a peer (and a host wait: `synchronize`, drop) lasts before it gives up with `Error::Timeout`; `0`: no limit (an abort still ends it) |
 //! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups (`peer_ops`) and all-reduces of a job of processes go through the network transport (UCX, loaded at run time), even between processes of one machine |
 //! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 2 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
+//! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `1` | `0`: a communicator of several GPUs in one process issues every rank's part of a call from the caller's thread, one after the other, instead of one host thread per GPU at once (small eager all-reduces) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -217,6 +218,11 @@ pub struct Config {
     /// (`ringccl::internals::transport::net::proxy`). Over loopback TCP on one machine, one
     /// thread that both sends and receives was the limit (`docs/NETWORK.md`).
     pub net_lanes: usize,
+    /// Whether a communicator of several GPUs in one process keeps a host thread per GPU
+    /// (but the first) that issues its rank's part of a small eager call while the caller's
+    /// thread issues rank 0's (`ringccl::internals::exec::rank_threads`). A thread spins for
+    /// half a millisecond after each call, then sleeps.
+    pub rank_threads: bool,
     /// What is reported on stderr.
     pub debug: DebugLevel,
 }
@@ -259,13 +265,14 @@ impl Default for Config {
             timeout: Some(std::time::Duration::from_secs(DEFAULT_TIMEOUT_S)),
             net: Network::Off,
             net_lanes: DEFAULT_NET_LANES,
+            rank_threads: true,
             debug: DebugLevel::Off,
         }
     }
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 17] = [
+pub const ENV_VARS: [&str; 18] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -283,6 +290,7 @@ pub const ENV_VARS: [&str; 17] = [
     "RINGCCL_ONESHOT_MAX_BYTES_GRAPH",
     "RINGCCL_CE_BROADCAST_MIN_BYTES",
     "RINGCCL_NET_LANES",
+    "RINGCCL_RANK_THREADS",
 ];
 
 impl Config {
@@ -342,7 +350,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -386,6 +394,9 @@ impl Config {
         }
         if let Some(v) = parse(lanes, get(lanes)?, parse_lanes)? {
             c.net_lanes = v;
+        }
+        if let Some(v) = parse(rank_threads, get(rank_threads)?, parse_bool)? {
+            c.rank_threads = v;
         }
         Ok(c)
     }
@@ -586,8 +597,10 @@ mod tests {
             ("RINGCCL_TIMEOUT", "1.5"),
             ("RINGCCL_NET", "ucx"),
             ("RINGCCL_NET_LANES", "4"),
+            ("RINGCCL_RANK_THREADS", "0"),
         ])
         .unwrap();
+        assert!(!c.rank_threads);
         assert_eq!(c.net, Network::Ucx);
         assert_eq!(c.net_lanes, 4);
         for bad in ["0", "17", "two"] {

@@ -262,6 +262,11 @@ unsafe impl<T> DeviceSliceMut<T> for CudaViewMut<'_, T> {
 /// The borrows last as long as the `Io`; the work itself runs after the call returns, so
 /// synchronise the streams before reusing the buffers (see the [module docs](self)).
 ///
+/// The buffers must be `Sync` (inputs) and `Send` (outputs), as cudarc's slices and views of
+/// every [`DeviceElement`](crate::DeviceElement) are: a communicator of several GPUs may issue
+/// each rank's part of a call, the tracking of its buffers included, on a host thread of that
+/// rank's ([`Config::rank_threads`](crate::Config::rank_threads)).
+///
 /// ```no_run
 /// use ringccl::{Communicator, Io, RedOp};
 /// let comm = Communicator::all()?;
@@ -276,13 +281,13 @@ unsafe impl<T> DeviceSliceMut<T> for CudaViewMut<'_, T> {
 /// ```
 pub struct Io<'a, T> {
     args: RankArgs,
-    send_buf: Option<&'a dyn DeviceSlice<T>>,
-    recv_buf: Option<&'a mut dyn DeviceSliceMut<T>>,
+    send_buf: Option<&'a (dyn DeviceSlice<T> + Sync)>,
+    recv_buf: Option<&'a mut (dyn DeviceSliceMut<T> + Send)>,
 }
 
 impl<'a, T> Io<'a, T> {
     /// One buffer that is both input and output (NCCL's in-place layout for the collective).
-    pub fn in_place<S: DeviceSliceMut<T> + 'a>(buf: &'a mut S) -> Self {
+    pub fn in_place<S: DeviceSliceMut<T> + Send + 'a>(buf: &'a mut S) -> Self {
         Io {
             args: RankArgs::in_place(buf.raw()),
             send_buf: None,
@@ -291,7 +296,7 @@ impl<'a, T> Io<'a, T> {
     }
 
     /// Separate input and output buffers.
-    pub fn out_of_place<S: DeviceSlice<T> + 'a, R: DeviceSliceMut<T> + 'a>(
+    pub fn out_of_place<S: DeviceSlice<T> + Sync + 'a, R: DeviceSliceMut<T> + Send + 'a>(
         send: &'a S,
         recv: &'a mut R,
     ) -> Self {
@@ -303,7 +308,7 @@ impl<'a, T> Io<'a, T> {
     }
 
     /// Only an input (a root of broadcast or scatter, a non-root of reduce or gather).
-    pub fn send_only<S: DeviceSlice<T> + 'a>(send: &'a S) -> Self {
+    pub fn send_only<S: DeviceSlice<T> + Sync + 'a>(send: &'a S) -> Self {
         Io {
             args: RankArgs::send_only(send.raw()),
             send_buf: Some(send),
@@ -312,7 +317,7 @@ impl<'a, T> Io<'a, T> {
     }
 
     /// Only an output (a non-root of broadcast or scatter).
-    pub fn recv_only<R: DeviceSliceMut<T> + 'a>(recv: &'a mut R) -> Self {
+    pub fn recv_only<R: DeviceSliceMut<T> + Send + 'a>(recv: &'a mut R) -> Self {
         Io {
             args: RankArgs::recv_only(recv.raw()),
             send_buf: None,

@@ -36,6 +36,8 @@ use buffer::RankArgs;
 use collective::Collective;
 use validate::{validate, validate_held, Held};
 
+use std::sync::Mutex;
+
 use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::comm::{Communicator, ProcessRank};
@@ -201,16 +203,45 @@ impl Communicator {
         if let Some(capture) = &capture {
             self.keep_alive_in(capture)?;
         }
-        let guards = track(io, streams, &checked.ptrs, capturing);
         let mut call = self.begin_call();
+        if prepared.is_none() && ce_plan.is_none() {
+            // One-shot: each rank's part, its tracking included, is issued on its own (on the
+            // rank's host thread, where the communicator has them). A rank's kernel ends only
+            // after every peer is done reading its input, so the record on its own stream
+            // covers the call.
+            let stream_refs: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
+            let ios: Vec<Mutex<&mut Io<'_, T>>> = io.iter_mut().map(Mutex::new).collect();
+            let around = |r: usize, part: &dyn Fn() -> Result<()>| -> Result<()> {
+                if capturing {
+                    return part();
+                }
+                let (Some(io), Some(stream), Some(p)) = (ios.get(r), stream_refs.get(r), checked.ptrs.get(r))
+                else {
+                    return Err(crate::Error::Internal {
+                        reason: format!("no buffers or stream for rank {r}"),
+                    });
+                };
+                let mut io = io.lock().map_err(|_| crate::Error::Internal {
+                    reason: format!("rank {r}'s buffers are poisoned"),
+                })?;
+                let guards = io.track(stream, p.reads_send, p.writes_recv);
+                let result = part();
+                drop(guards);
+                result
+            };
+            let threads = self.rank_threads();
+            let count = c.count();
+            return exec::oneshot::execute(
+                &mut call, T::DTYPE, op, &ptrs, in_place, count, streams, capturing, threads, &around,
+            );
+        }
+        let guards = track(io, streams, &checked.ptrs, capturing);
         let result = match (&prepared, &ce_plan) {
             (Some(p), _) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
             (None, Some(p)) => exec::copy_engine::execute(&mut call, p, T::DTYPE, op, &ptrs, streams),
-            (None, None) => {
-                exec::oneshot::execute(
-                    &mut call, T::DTYPE, op, &ptrs, in_place, c.count(), streams, capturing,
-                )
-            }
+            (None, None) => Err(crate::Error::Internal {
+                reason: "neither a ring, a copy-engine nor a one-shot plan".into(),
+            }),
         };
         drop(call);
         drop(guards);

@@ -5,7 +5,7 @@
 //! * [`ring`]: a [`Prepared`](crate::plan::Prepared) schedule as one kernel launch per step,
 //!   ordered across GPUs by events;
 //! * [`oneshot`]: the one-shot all-reduce, one kernel per rank, ordered by a device-side
-//!   barrier;
+//!   barrier, issued from one host thread per GPU at once ([`rank_threads`]);
 //! * here: what both share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
 //!   capture rules, and scratch for one call.
 //!
@@ -31,6 +31,7 @@ pub mod oneshot;
 pub mod net;
 pub mod p2p;
 pub mod process;
+pub mod rank_threads;
 pub mod ring;
 
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -43,6 +44,11 @@ use crate::plan::tuning::Traffic;
 use crate::resources::Call;
 use crate::schedule::Step;
 use crate::{Arg, Error, Result};
+
+/// A caller's bracket around one rank's part of a call: `around(rank, part)` calls `part`
+/// once, between its own work for that rank, and returns `part`'s result (see
+/// [`oneshot::execute`]).
+pub type Around<'a> = &'a (dyn Fn(usize, &dyn Fn() -> Result<()>) -> Result<()> + Sync);
 
 /// The caller's buffers of one rank, as device addresses (0 where the rank has none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -8,6 +8,9 @@
 //! (see [`crate::exec`]); the kernels keep their epoch on the device, so replays of the graph
 //! stay in step.
 //!
+//! Eager calls issue the ranks' kernels from one host thread per GPU at once
+//! ([`super::rank_threads`]) where the communicator has them.
+//!
 //! Containment: before anything is launched, every rank's context is checked (a fault from
 //! earlier work is sticky and fails the query of the rank's end event), so a dead GPU is named
 //! and no other rank's kernel is left waiting for it. If a launch still fails after some ranks'
@@ -18,7 +21,8 @@
 use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
 
-use super::{internal, record, scratch_for_call, wait, RankPtrs};
+use super::rank_threads::RankThreads;
+use super::{internal, record, scratch_for_call, wait, Around, RankPtrs};
 use crate::driver::launch::OneShotArgs;
 use crate::resources::Call;
 use crate::{DataType, Error, RedOp, Result};
@@ -29,6 +33,12 @@ use crate::{DataType, Error, RedOp, Result};
 /// The caller checks that one-shot is possible (2 to `MAX_RANKS` ranks, peer access between
 /// every pair: [`crate::plan::tuning::all_reduce_algorithm`]). `capturing` as for
 /// [`super::ring::execute`].
+///
+/// Each rank's part (wait for its previous call, launch, record) runs inside
+/// `around(rank, part)`, which must call `part` once and return its result: the caller's
+/// per-rank bracket (cudarc's event tracking of the rank's buffers). With `threads`, an eager
+/// call issues the ranks' parts at the same time, one host thread per GPU; then a failure of
+/// some ranks' launches is reported with the ranks that did launch.
 #[allow(clippy::too_many_arguments)]
 pub fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
@@ -39,6 +49,8 @@ pub fn execute<S: AsRef<CudaStream>>(
     count: usize,
     streams: &[S],
     capturing: bool,
+    threads: Option<&RankThreads>,
+    around: Around<'_>,
 ) -> Result<()> {
     let n = call.nranks();
     if ptrs.len() != n || streams.len() != n || !(2..=MAX_RANKS).contains(&n) {
@@ -82,12 +94,14 @@ pub fn execute<S: AsRef<CudaStream>>(
         call.rank(r)?.kernels.oneshot_ready(dtype, op, n)?;
         call.end_event(r)?;
     }
-    let mut launched = 0usize;
-    let mut issue = || -> Result<()> {
-        for (r, stream) in streams.iter().enumerate() {
-            let stream = stream.as_ref();
+    let streams: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
+    let call_ref: &Call<'_> = call;
+    // One rank's part: wait for its previous call, launch, record its end; inside `around`.
+    let issue = |r: usize| -> Result<()> {
+        around(r, &|| {
+            let stream = streams[r];
             if !capturing {
-                wait(stream, call.end_event(r)?, r)?;
+                wait(stream, call_ref.end_event(r)?, r)?;
             }
             let args = OneShotArgs {
                 srcs: &srcs[..n],
@@ -106,16 +120,33 @@ pub fn execute<S: AsRef<CudaStream>>(
             // `tmp` is `count` elements of rank `r`'s scratch, sized above; the flag arrays
             // are the communicator's, alive until its drop waits for this call's end (as is the
             // control block); the caller checked peer access between every pair of ranks.
-            unsafe { call.rank(r)?.kernels.launch_oneshot(stream, dtype, op, &args)? };
-            launched += 1;
+            unsafe { call_ref.rank(r)?.kernels.launch_oneshot(stream, dtype, op, &args)? };
             if !capturing {
-                record(call.end_event(r)?, stream, r)?;
+                record(call_ref.end_event(r)?, stream, r)?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     };
-    let issued = issue();
-    let Err(cause) = issued else {
+    // Eager calls issue the ranks' parts at once, one host thread per GPU where there are
+    // threads; otherwise (and while capturing, where other threads must not touch the
+    // capture) one after the other, stopping at the first failure.
+    let results: Vec<Result<()>> = match threads {
+        Some(t) if !capturing => t.run(n, &issue),
+        _ => {
+            let mut out = Vec::with_capacity(n);
+            for r in 0..n {
+                let res = issue(r);
+                let failed = res.is_err();
+                out.push(res);
+                if failed {
+                    break;
+                }
+            }
+            out
+        }
+    };
+    let enqueued: Vec<usize> = (0..results.len()).filter(|&r| results[r].is_ok()).collect();
+    let Some(cause) = results.into_iter().find_map(Result::err) else {
         return Ok(());
     };
     if !capturing {
@@ -123,18 +154,18 @@ pub fn execute<S: AsRef<CudaStream>>(
         // went out.
         for (r, stream) in streams.iter().enumerate() {
             if let Ok(end) = call.end_event(r) {
-                let _ = end.record(stream.as_ref());
+                let _ = end.record(stream);
             }
         }
     }
-    if launched == 0 {
+    if enqueued.is_empty() {
         return Err(cause);
     }
     // The launched ranks' kernels wait at the barrier for the others, which will never come:
     // fail the communicator, which sets the abort word and releases them.
     call.disable_oneshot();
     let e = Error::PartlyEnqueued {
-        enqueued: (0..launched).collect(),
+        enqueued,
         cause: Box::new(cause),
     };
     call.health().fail(e.clone());
