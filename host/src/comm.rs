@@ -23,7 +23,7 @@ use crate::config::{Config, Network};
 use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
-use crate::exec::rank_threads::RankThreads;
+use crate::resources::rank_threads::RankThreads;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
 use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};

@@ -220,7 +220,7 @@ pub struct Config {
     pub net_lanes: usize,
     /// Whether a communicator of several GPUs in one process keeps a host thread per GPU
     /// (but the first) that issues its rank's part of a small eager call while the caller's
-    /// thread issues rank 0's (`ringccl::internals::exec::rank_threads`). A thread spins for
+    /// thread issues rank 0's (`ringccl::internals::resources::rank_threads`). A thread spins for
     /// half a millisecond after each call, then sleeps.
     pub rank_threads: bool,
     /// What is reported on stderr.
@@ -605,7 +605,10 @@ mod tests {
         assert_eq!(c.net_lanes, 4);
         for bad in ["0", "17", "two"] {
             let e = from(&[("RINGCCL_NET_LANES", bad)]).unwrap_err();
-            assert!(matches!(e, Error::Config { ref variable, .. } if variable == "RINGCCL_NET_LANES"), "{e}");
+            assert!(
+                matches!(e, Error::Config { ref variable, .. } if variable == "RINGCCL_NET_LANES"),
+                "{e}"
+            );
         }
         assert_eq!(c.timeout, Some(std::time::Duration::from_millis(1500)));
         assert_eq!(from(&[("RINGCCL_TIMEOUT", "0")]).unwrap().timeout, None);

@@ -13,7 +13,11 @@
 //!   failure; shared by all calls, read and written without the call lock;
 //! * [`Call`]: both, for one call, with the state locked: what an executor may touch;
 //! * [`GraphHold`]: where a dropped communicator's resources wait for the last CUDA graph that
-//!   captured one of its calls.
+//!   captured one of its calls;
+//! * [`rank_threads::RankThreads`]: a host thread per GPU that issues its rank's part of a
+//!   small eager call.
+
+pub mod rank_threads;
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -1013,7 +1013,10 @@ impl Case for Coll {
 }
 
 /// The `Io` of one rank from its views (buffer 0: send or in-place buffer, 1: receive).
-fn io_for<'v, 'b, T: Send + Sync>(role: Role, views: &'v mut [Option<CudaViewMut<'b, T>>]) -> Io<'v, T> {
+fn io_for<'v, 'b, T: Send + Sync>(
+    role: Role,
+    views: &'v mut [Option<CudaViewMut<'b, T>>],
+) -> Io<'v, T> {
     let (a, b) = views.split_at_mut(1);
     let a = a[0].as_mut();
     let b = b.get_mut(0).and_then(Option::as_mut);

@@ -5,7 +5,7 @@
 //! * [`ring`]: a [`Prepared`](crate::plan::Prepared) schedule as one kernel launch per step,
 //!   ordered across GPUs by events;
 //! * [`oneshot`]: the one-shot all-reduce, one kernel per rank, ordered by a device-side
-//!   barrier, issued from one host thread per GPU at once ([`rank_threads`]);
+//!   barrier, issued from one host thread per GPU at once ([`crate::resources::rank_threads`]);
 //! * here: what both share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
 //!   capture rules, and scratch for one call.
 //!
@@ -31,7 +31,6 @@ pub mod oneshot;
 pub mod net;
 pub mod p2p;
 pub mod process;
-pub mod rank_threads;
 pub mod ring;
 
 use cudarc::driver::{CudaEvent, CudaStream};

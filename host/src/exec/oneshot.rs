@@ -9,7 +9,7 @@
 //! stay in step.
 //!
 //! Eager calls issue the ranks' kernels from one host thread per GPU at once
-//! ([`super::rank_threads`]) where the communicator has them.
+//! ([`crate::resources::rank_threads`]) where the communicator has them.
 //!
 //! Containment: before anything is launched, every rank's context is checked (a fault from
 //! earlier work is sticky and fails the query of the rank's end event), so a dead GPU is named
@@ -21,7 +21,7 @@
 use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
 
-use super::rank_threads::RankThreads;
+use crate::resources::rank_threads::RankThreads;
 use super::{internal, record, scratch_for_call, wait, Around, RankPtrs};
 use crate::driver::launch::OneShotArgs;
 use crate::resources::Call;

@@ -65,7 +65,7 @@ struct Worker {
 ///
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use ringccl::internals::exec::rank_threads::RankThreads;
+/// use ringccl::internals::resources::rank_threads::RankThreads;
 /// let threads = RankThreads::new(4)?;
 /// let done = AtomicUsize::new(0);
 /// let results = threads.run(4, &|r| {
