@@ -3,9 +3,10 @@
 //! rank's memory. See the parent module for the protocol.
 //!
 //! A proxy has one or more **lanes** ([`NetOptions::lanes`]): each is a thread with its own UCP
-//! worker and its own endpoint to the same lane of every peer. Signal `k` of a pair travels on
-//! lane `k % lanes` (every rank derives the same lane), so consecutive chunks move through
-//! different workers, threads and connections at once; the receiving lanes publish a peer's
+//! worker and its own endpoint to the same lane of every peer. The sender deals a pair's
+//! signals to its lanes in turn, those with a chunk and those without separately
+//! ([`deal`]), so consecutive chunks move through different workers, threads and connections
+//! at once; a signal may arrive on any lane of the receiver, whose lanes publish the peer's
 //! counter together, strictly in counter order. Over TCP a worker's thread does the system
 //! calls that copy every byte, and one thread per rank that both sends and receives was the
 //! limit (`docs/NETWORK.md`).
@@ -89,16 +90,52 @@ fn parse_addresses(b: &[u8], q: usize, nranks: usize, lanes: usize) -> Option<Ve
     (at == b.len()).then_some(out)
 }
 
-/// The lane that carries signal `k` of a pair.
-pub fn lane_of(k: u64, lanes: usize) -> usize {
-    (k % lanes.max(1) as u64) as usize
+/// Whose turn it is, per peer, among the lanes: for the next signal that carries a chunk and
+/// for the next that does not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// The lane of the next signal with a chunk.
+    pub data: usize,
+    /// The lane of the next signal without one.
+    pub control: usize,
 }
 
-/// The smallest counter above `after` that lane `lane` of `lanes` carries.
-fn next_on_lane(after: u64, lane: usize, lanes: usize) -> u64 {
-    let l = lanes.max(1) as u64;
-    let k = after + 1;
-    k + (lane as u64 + l - k % l) % l
+/// Deals `program` (in posting order) to `lanes` lanes: per peer, the signals that carry a
+/// chunk go to the lanes in turn, and so do those that carry none, each from where the
+/// previous program left off (`turns`, per peer). Dealing the two kinds separately matters: a
+/// pair's signals alternate between a chunk and a credit in the steady state of a transfer
+/// both ways, so dealing by counter would put every chunk on the same lanes.
+///
+/// ```
+/// use ringccl::internals::transport::net::proxy::{deal, Chunk, Outgoing, Turn};
+/// let c = Some(Chunk { from: 0, to: 0, bytes: 8 });
+/// // Rank 1's signals: a chunk, a credit, a chunk, a credit.
+/// let program: Vec<Outgoing> = (1..=4)
+///     .map(|k| Outgoing { peer: 1, k, data: if k % 2 == 1 { c } else { None } })
+///     .collect();
+/// let mut turns = vec![Turn::default(); 2];
+/// let lanes = deal(program, 2, &mut turns);
+/// let ks: Vec<Vec<u64>> = lanes.iter().map(|l| l.iter().map(|o| o.k).collect()).collect();
+/// assert_eq!(ks, vec![vec![1, 2], vec![3, 4]]);
+/// assert_eq!(turns[1], Turn { data: 0, control: 0 });
+/// ```
+pub fn deal(program: Vec<Outgoing>, lanes: usize, turns: &mut [Turn]) -> Vec<Vec<Outgoing>> {
+    let lanes = lanes.max(1);
+    let mut parts: Vec<Vec<Outgoing>> = vec![Vec::new(); lanes];
+    for o in program {
+        let lane = match turns.get_mut(o.peer) {
+            Some(t) => {
+                let next = if o.data.is_some() { &mut t.data } else { &mut t.control };
+                let lane = *next % lanes;
+                *next = (lane + 1) % lanes;
+                lane
+            }
+            // An unknown peer: the lane refuses it (`Run::take_programs`).
+            None => 0,
+        };
+        parts[lane].push(o);
+    }
+    parts
 }
 
 /// A chunk that a signal carries: `bytes` from this rank's outbox at `from` into the peer's
@@ -262,6 +299,8 @@ pub struct Proxy {
     mem: Arc<NetMem>,
     /// Per lane: where its part of each program goes (`None` once closed).
     tx: Vec<Option<Sender<Vec<Outgoing>>>>,
+    /// Per peer: which lanes the next signals go to ([`deal`]).
+    turns: Mutex<Vec<Turn>>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -402,6 +441,7 @@ impl Proxy {
             rank,
             mem,
             tx: txs,
+            turns: Mutex::new(vec![Turn::default(); nranks]),
             shared,
             threads,
         })
@@ -418,11 +458,12 @@ impl Proxy {
         if let Some(e) = self.shared.error() {
             return Err(e);
         }
-        let lanes = self.tx.len();
-        let mut parts: Vec<Vec<Outgoing>> = vec![Vec::new(); lanes];
-        for o in program {
-            parts[lane_of(o.k, lanes)].push(o);
-        }
+        let parts = {
+            let mut turns = self.turns.lock().map_err(|_| Error::Internal {
+                reason: "the network proxy's lane turns are poisoned".into(),
+            })?;
+            deal(program, self.tx.len(), &mut turns)
+        };
         for (tx, part) in self.tx.iter().zip(parts) {
             if part.is_empty() {
                 continue;
@@ -720,11 +761,11 @@ impl Run {
                 if posted.load(Ordering::Acquire) < o.k {
                     break;
                 }
-                if o.k != next_on_lane(self.sent[q], self.at.lane, self.at.lanes) {
+                if o.k <= self.sent[q] {
                     return Err(Error::Internal {
                         reason: format!(
-                            "network signal {} to rank {q} after {} on lane {} of {}: not \
-                             consecutive",
+                            "network signal {} to rank {q} after {} on lane {} of {}: out of \
+                             order",
                             o.k, self.sent[q], self.at.lane, self.at.lanes
                         ),
                     });
@@ -871,18 +912,6 @@ impl Run {
             KIND_SIGNAL => {}
             k => return Err(self.err(Some(q), format!("a message of kind {k}"))),
         }
-        if lane_of(h.k, self.at.lanes) != self.at.lane {
-            return Err(self.err(
-                Some(q),
-                format!(
-                    "signal {} from rank {q} on lane {} of {}: it belongs on lane {}",
-                    h.k,
-                    self.at.lane,
-                    self.at.lanes,
-                    lane_of(h.k, self.at.lanes)
-                ),
-            ));
-        }
         let published = self.shared.publish[q].lock().map(|p| p.at).unwrap_or(u64::MAX);
         if h.k <= published || !self.seen[q].insert(h.k) {
             return Err(self.err(Some(q), format!("signal {} from rank {q} twice", h.k)));
@@ -1021,21 +1050,49 @@ fn header(kind: u32, src: usize, k: u64, to: usize, bytes: usize) -> Vec<u8> {
 mod lane_tests {
     use super::*;
 
+    fn signal(peer: usize, k: u64, data: bool) -> Outgoing {
+        let chunk = Chunk { from: 0, to: 0, bytes: 256 };
+        Outgoing { peer, k, data: data.then_some(chunk) }
+    }
+
     #[test]
-    fn each_lane_carries_every_lanes_th_counter_in_order() {
-        for lanes in 1..=5 {
-            for lane in 0..lanes {
-                let mut k = 0;
-                let mut got = Vec::new();
-                for _ in 0..6 {
-                    k = next_on_lane(k, lane, lanes);
-                    got.push(k);
+    fn chunks_and_credits_are_dealt_to_the_lanes_in_turn_across_programs() {
+        // The steady state of a transfer both ways: data, credit, data, credit... to rank 1,
+        // and only chunks to rank 2.
+        let mut turns = vec![Turn::default(); 3];
+        let mut seen = vec![Vec::new(); 3];
+        let mut k = [0u64; 3];
+        for program in 0..5 {
+            let mut p = Vec::new();
+            for i in 0..6 {
+                k[1] += 1;
+                p.push(signal(1, k[1], i % 2 == 0));
+                k[2] += 1;
+                p.push(signal(2, k[2], true));
+            }
+            let parts = deal(p, 3, &mut turns);
+            for (lane, part) in parts.iter().enumerate() {
+                // Each lane's part keeps the posting order per peer.
+                for q in [1, 2] {
+                    let ks: Vec<u64> = part.iter().filter(|o| o.peer == q).map(|o| o.k).collect();
+                    assert!(ks.windows(2).all(|w| w[0] < w[1]), "program {program} lane {lane}");
                 }
-                let want: Vec<u64> =
-                    (1..=40).filter(|&k| lane_of(k, lanes) == lane).take(6).collect();
-                assert_eq!(got, want, "lane {lane} of {lanes}");
+                seen[lane].extend(part.iter().copied());
             }
         }
+        // Chunks to each peer are spread evenly over the lanes (30 to rank 2, 15 to rank 1),
+        // and so are rank 1's credits.
+        for lane in 0..3 {
+            let count = |q: usize, data: bool| {
+                seen[lane].iter().filter(|o| o.peer == q && o.data.is_some() == data).count()
+            };
+            assert_eq!((count(2, true), count(1, true), count(1, false)), (10, 5, 5), "lane {lane}");
+        }
+        // One lane: everything in order on it.
+        let mut one = vec![Turn::default(); 3];
+        let parts = deal(vec![signal(1, 1, true), signal(1, 2, false)], 1, &mut one);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].len(), 2);
     }
 
     #[test]

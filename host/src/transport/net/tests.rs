@@ -488,7 +488,8 @@ fn every_lane_count_carries_a_ring_all_reduce_bit_exact() {
     if !have_ucx() {
         return;
     }
-    // Chunks of a pair alternate over the lanes; the receivers publish in counter order.
+    // A pair's chunks and credits are dealt to the lanes; the receivers publish in counter
+    // order.
     for lanes in [1, 3, 4] {
         threads_with(3, SCRATCH, lanes, |rank| {
             check_all_reduce(rank, 10_000)?;
