@@ -19,7 +19,7 @@
 //! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
 //! | `RINGCCL_TIMEOUT` | [`timeout`](Config::timeout) | 600 | seconds a device-side wait for a peer (and a host wait: `synchronize`, drop) lasts before it gives up with `Error::Timeout`; `0`: no limit (an abort still ends it) |
 //! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups (`peer_ops`) and every collective of a job of processes go through the network transport (UCX, loaded at run time), even between processes of one machine |
-//! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 2 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
+//! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 4 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
 //! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `1` | `0`: a communicator of several GPUs in one process issues every rank's part of a call from the caller's thread, one after the other, instead of one host thread per GPU at once (small eager all-reduces) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
@@ -241,7 +241,7 @@ pub const DEFAULT_CE_COPIES_MIN_BYTES: usize = 16 << 20;
 pub const DEFAULT_CE_BROADCAST_MIN_BYTES: usize = 256 << 10;
 
 /// Default of [`Config::net_lanes`].
-pub const DEFAULT_NET_LANES: usize = 2;
+pub const DEFAULT_NET_LANES: usize = 4;
 
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;

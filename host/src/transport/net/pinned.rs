@@ -92,7 +92,7 @@ impl super::NetRank {
     /// # fn run(boot: &ringccl::bootstrap::Bootstrap) -> Result<(), ringccl::Error> {
     /// use ringccl::internals::transport::net::NetRank;
     /// let ctx = ringccl::cudarc::driver::CudaContext::new(0).expect("a GPU");
-    /// let net = NetRank::connect(&ctx, boot.rank(), boot.nranks(), boot, boot.timeout(), 2)?;
+    /// let net = NetRank::connect(&ctx, boot.rank(), boot.nranks(), boot, boot.timeout(), 4)?;
     /// # Ok(()) }
     /// ```
     pub fn connect(

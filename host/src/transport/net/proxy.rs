@@ -48,7 +48,7 @@ const POSTED_RECVS: usize = 8;
 /// little-endian), then per lane its length (u32) and its bytes.
 const ADDRESS_MAGIC: &[u8; 8] = b"RCCLUCX2";
 /// Default of [`NetOptions::lanes`].
-pub const DEFAULT_LANES: usize = 2;
+pub const DEFAULT_LANES: usize = crate::config::DEFAULT_NET_LANES;
 /// Most lanes a proxy may have.
 pub const MAX_LANES: usize = 16;
 
