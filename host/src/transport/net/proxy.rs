@@ -1082,9 +1082,9 @@ mod lane_tests {
         }
         // Chunks to each peer are spread evenly over the lanes (30 to rank 2, 15 to rank 1),
         // and so are rank 1's credits.
-        for lane in 0..3 {
+        for (lane, got) in seen.iter().enumerate() {
             let count = |q: usize, data: bool| {
-                seen[lane].iter().filter(|o| o.peer == q && o.data.is_some() == data).count()
+                got.iter().filter(|o| o.peer == q && o.data.is_some() == data).count()
             };
             assert_eq!((count(2, true), count(1, true), count(1, false)), (10, 5, 5), "lane {lane}");
         }
