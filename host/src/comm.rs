@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::bootstrap::{Bootstrap, LaunchEnv, UniqueId};
-use crate::config::{Config, Network};
+use crate::config::{Config, DebugLevel, Network};
 use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
@@ -28,6 +28,7 @@ use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
 use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
 use crate::transport::ipc::{Exchange, Windows};
+use crate::transport::net::proxy::NetOptions;
 use crate::transport::net::NetRank;
 use crate::transport::Transport;
 use crate::{Error, Result};
@@ -368,8 +369,12 @@ impl Communicator {
                 rank,
                 nranks,
                 &boot,
-                config.bootstrap_timeout,
-                config.net_lanes,
+                NetOptions {
+                    timeout: config.bootstrap_timeout,
+                    lanes: config.net_lanes,
+                    trace: config.debug >= DebugLevel::Trace,
+                    ..NetOptions::default()
+                },
             )?)),
         };
         let ctxs = [res.ctx.clone()];

@@ -85,14 +85,14 @@ pub const NET_SCRATCH_BYTES: usize = 16 << 20;
 impl super::NetRank {
     /// Rank `rank` of `nranks` on `ctx`'s device: pinned, device-mapped memory of
     /// [`NET_SCRATCH_BYTES`] and a proxy connected to every other rank through `exchange`
-    /// (collective), whose sends and closing wait at most `timeout`, with `lanes` proxy lanes
-    /// ([`super::proxy::NetOptions::lanes`]).
+    /// (collective), with the proxy's options `opts` (timeout, lanes, trace; UCX's settings).
     ///
     /// ```no_run
     /// # fn run(boot: &ringccl::bootstrap::Bootstrap) -> Result<(), ringccl::Error> {
     /// use ringccl::internals::transport::net::NetRank;
     /// let ctx = ringccl::cudarc::driver::CudaContext::new(0).expect("a GPU");
-    /// let net = NetRank::connect(&ctx, boot.rank(), boot.nranks(), boot, boot.timeout(), 4)?;
+    /// let net = let opts = ringccl::internals::transport::net::proxy::NetOptions::default();
+    /// let net = NetRank::connect(&ctx, boot.rank(), boot.nranks(), boot, opts)?;
     /// # Ok(()) }
     /// ```
     pub fn connect(
@@ -100,15 +100,9 @@ impl super::NetRank {
         rank: usize,
         nranks: usize,
         exchange: &dyn crate::transport::ipc::Exchange,
-        timeout: std::time::Duration,
-        lanes: usize,
+        opts: super::proxy::NetOptions,
     ) -> Result<super::NetRank> {
         let mem = Arc::new(pinned(ctx, nranks, NET_SCRATCH_BYTES, rank)?);
-        let opts = super::proxy::NetOptions {
-            timeout,
-            lanes,
-            ..Default::default()
-        };
         let proxy = super::proxy::Proxy::start(rank, nranks, mem, exchange, opts)?;
         Ok(super::NetRank::new(rank, nranks, proxy))
     }

@@ -172,6 +172,9 @@ pub struct NetOptions {
     /// Lanes: threads, each with its own UCP worker and endpoints, that carry a pair's signals
     /// in turn (1 to [`MAX_LANES`]; every rank must use the same number).
     pub lanes: usize,
+    /// Print a line on stderr for each signal the proxy posts, sends, receives and publishes,
+    /// with the microseconds since the proxy started (`RINGCCL_DEBUG=trace`).
+    pub trace: bool,
 }
 
 /// UCX settings ringccl applies unless the environment sets them: TCP segments of 256 KiB
@@ -215,6 +218,7 @@ impl Default for NetOptions {
             timeout: Duration::from_secs(60),
             ucx: ucx_defaults(),
             lanes: DEFAULT_LANES,
+            trace: false,
         }
     }
 }
@@ -230,6 +234,8 @@ struct Shared {
     /// Per peer: what the lanes have published of its counter, and the signals complete above
     /// it.
     publish: Vec<Mutex<Publish>>,
+    /// When the proxy started, if it traces ([`NetOptions::trace`]).
+    trace: Option<Instant>,
 }
 
 /// A peer's signals as the lanes complete them (see [`Run::complete`]).
@@ -240,9 +246,10 @@ struct Publish {
 }
 
 impl Shared {
-    fn new(nranks: usize) -> Shared {
+    fn new(nranks: usize, trace: bool) -> Shared {
         Shared {
             publish: (0..nranks).map(|_| Mutex::default()).collect(),
+            trace: trace.then(Instant::now),
             ..Shared::default()
         }
     }
@@ -388,7 +395,7 @@ impl Proxy {
             };
             peers.push(addresses);
         }
-        let shared = Arc::new(Shared::new(nranks));
+        let shared = Arc::new(Shared::new(nranks, opts.trace));
         let mut txs = Vec::with_capacity(lanes);
         let mut threads = Vec::with_capacity(lanes);
         for (lane, mut worker) in workers.into_iter().enumerate() {
@@ -561,6 +568,9 @@ impl Drop for Proxy {
 struct InFlight {
     req: ReqId,
     peer: usize,
+    /// The signal it belongs to, and the chunk's bytes (0 for a header).
+    k: u64,
+    bytes: usize,
     since: Instant,
     _buf: Vec<u8>,
 }
@@ -772,6 +782,7 @@ impl Run {
                 }
                 self.queues[q].pop_front();
                 let (to, bytes) = o.data.map_or((0, 0), |c| (c.to, c.bytes));
+                self.trace("post", q, o.k, bytes);
                 self.send(q, header(KIND_SIGNAL, self.rank, o.k, to, bytes))?;
                 if let Some(c) = o.data.filter(|c| c.bytes > 0) {
                     let src = mem.outbox_range(c.from, c.bytes).ok_or_else(|| Error::Internal {
@@ -784,7 +795,7 @@ impl Run {
                     // that is, after this send has delivered them.
                     let started = unsafe { self.worker.send(self.ep(q)?, src, c.bytes, chunk_tag(self.rank, o.k)) }
                         .map_err(|e| located(e, self.rank, Some(q)))?;
-                    self.track(q, started, Vec::new());
+                    self.track(q, (o.k, c.bytes), started, Vec::new());
                 }
                 self.sent[q] = o.k;
                 any = true;
@@ -809,18 +820,35 @@ impl Run {
         // requests) before `sends` (field order).
         let started = unsafe { self.worker.send(ep, buf.as_ptr(), buf.len(), TAG_HEADER) }
             .map_err(|e| located(e, self.rank, Some(q)))?;
-        self.track(q, started, buf);
+        self.track(q, (0, 0), started, buf);
         Ok(())
     }
 
-    fn track(&mut self, q: usize, started: Started, buf: Vec<u8>) {
-        if let Started::Pending(req) = started {
-            self.sends.push(InFlight {
+    /// Keeps a send that is still in flight: to `q`, for signal `k` with a chunk of `bytes`.
+    fn track(&mut self, q: usize, (k, bytes): (u64, usize), started: Started, buf: Vec<u8>) {
+        match started {
+            Started::Pending(req) => self.sends.push(InFlight {
                 req,
                 peer: q,
+                k,
+                bytes,
                 since: Instant::now(),
                 _buf: buf,
-            });
+            }),
+            Started::Done if bytes > 0 => self.trace("sent", q, k, bytes),
+            Started::Done => {}
+        }
+    }
+
+    /// A line of the trace ([`NetOptions::trace`]), if tracing.
+    fn trace(&self, what: &str, peer: usize, k: u64, bytes: usize) {
+        if let Some(t0) = self.shared.trace {
+            eprintln!(
+                "ringccl net-trace {:>10.1} us rank {} lane {} {what} peer {peer} k {k} bytes {bytes}",
+                t0.elapsed().as_secs_f64() * 1e6,
+                self.rank,
+                self.at.lane
+            );
         }
     }
 
@@ -831,7 +859,10 @@ impl Run {
             let (req, peer, since) = (self.sends[i].req, self.sends[i].peer, self.sends[i].since);
             match self.worker.poll(req) {
                 Ok(Some(_)) => {
-                    self.sends.swap_remove(i);
+                    let done = self.sends.swap_remove(i);
+                    if done.bytes > 0 {
+                        self.trace("sent", peer, done.k, done.bytes);
+                    }
                     any = true;
                 }
                 Ok(None) => {
@@ -916,6 +947,7 @@ impl Run {
         if h.k <= published || !self.seen[q].insert(h.k) {
             return Err(self.err(Some(q), format!("signal {} from rank {q} twice", h.k)));
         }
+        self.trace("header", q, h.k, h.bytes);
         if h.bytes == 0 {
             return self.complete(q, h.k);
         }
@@ -957,6 +989,7 @@ impl Run {
                             format!("chunk {k} from rank {src}: {got} bytes, not {bytes}"),
                         ));
                     }
+                    self.trace("got", src, k, bytes);
                     self.complete(src, k)?;
                     any = true;
                 }
@@ -987,6 +1020,9 @@ impl Run {
             flag.fetch_max(p.at, Ordering::Release);
         }
         let at = p.at;
+        if at > before {
+            self.trace("published", q, at, 0);
+        }
         self.seen[q] = self.seen[q].split_off(&(at + 1));
         Ok(())
     }

@@ -51,6 +51,8 @@ fn options_with(lanes: usize) -> NetOptions {
             .chain(super::proxy::ucx_defaults())
             .collect(),
         lanes,
+        // `RINGCCL_NET_TEST_TRACE=1` prints the proxies' trace.
+        trace: std::env::var_os("RINGCCL_NET_TEST_TRACE").is_some_and(|v| v == "1"),
     }
 }
 
