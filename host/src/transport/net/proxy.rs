@@ -4,9 +4,9 @@
 //!
 //! A proxy has one or more **lanes** ([`NetOptions::lanes`]): each is a thread with its own UCP
 //! worker and its own endpoint to the same lane of every peer. The sender deals a pair's
-//! chunks to lanes `1..` in turn and keeps lane 0 for the signals without one, the credits
+//! signals to its lanes in turn, those with a chunk and those without separately
 //! ([`deal`]), so consecutive chunks move through different workers, threads and connections
-//! at once and credits never wait behind a chunk; a signal may arrive on any lane of the receiver, whose lanes publish the peer's
+//! at once; a signal may arrive on any lane of the receiver, whose lanes publish the peer's
 //! counter together, strictly in counter order. Over TCP a worker's thread does the system
 //! calls that copy every byte, and one thread per rank that both sends and receives was the
 //! limit (`docs/NETWORK.md`).
@@ -90,47 +90,48 @@ fn parse_addresses(b: &[u8], q: usize, nranks: usize, lanes: usize) -> Option<Ve
     (at == b.len()).then_some(out)
 }
 
-/// Per peer: the lane of the next signal that carries a chunk ([`deal`]).
+/// Whose turn it is, per peer, among the lanes: for the next signal that carries a chunk and
+/// for the next that does not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Turn {
-    /// Counts the chunks dealt so far (modulo the data lanes).
+    /// The lane of the next signal with a chunk.
     pub data: usize,
+    /// The lane of the next signal without one.
+    pub control: usize,
 }
 
-/// Deals `program` (in posting order) to `lanes` lanes. With one lane, everything goes on it.
-/// With more, lane 0 carries every signal without a chunk (*ready* and *consumed*: the
-/// credits) and the signals with a chunk go to lanes `1..lanes` in turn, per peer, from where
-/// the previous program left off (`turns`). A lane's messages to a peer share one connection,
-/// a byte stream: a credit behind a 2 MiB chunk waits for the whole chunk. In a transfer both
-/// ways that wait (about 700 µs per credit over loopback TCP, from the proxy's trace) set the
-/// pace of every round; on a lane of their own, credits overtake the chunks.
+/// Deals `program` (in posting order) to `lanes` lanes: per peer, the signals that carry a
+/// chunk go to the lanes in turn, and so do those that carry none, each from where the
+/// previous program left off (`turns`, per peer). Dealing the two kinds separately matters: a
+/// pair's signals alternate between a chunk and a credit in the steady state of a transfer
+/// both ways, so dealing by counter would put every chunk on the same lanes.
 ///
 /// ```
 /// use ringccl::internals::transport::net::proxy::{deal, Chunk, Outgoing, Turn};
 /// let c = Some(Chunk { from: 0, to: 0, bytes: 8 });
-/// // Rank 1's signals: a chunk, a credit, a chunk, a credit, a chunk.
-/// let program: Vec<Outgoing> = (1..=5)
+/// // Rank 1's signals: a chunk, a credit, a chunk, a credit.
+/// let program: Vec<Outgoing> = (1..=4)
 ///     .map(|k| Outgoing { peer: 1, k, data: if k % 2 == 1 { c } else { None } })
 ///     .collect();
 /// let mut turns = vec![Turn::default(); 2];
-/// let lanes = deal(program, 3, &mut turns);
+/// let lanes = deal(program, 2, &mut turns);
 /// let ks: Vec<Vec<u64>> = lanes.iter().map(|l| l.iter().map(|o| o.k).collect()).collect();
-/// assert_eq!(ks, vec![vec![2, 4], vec![1, 5], vec![3]]);
-/// assert_eq!(turns[1], Turn { data: 1 });
+/// assert_eq!(ks, vec![vec![1, 2], vec![3, 4]]);
+/// assert_eq!(turns[1], Turn { data: 0, control: 0 });
 /// ```
 pub fn deal(program: Vec<Outgoing>, lanes: usize, turns: &mut [Turn]) -> Vec<Vec<Outgoing>> {
     let lanes = lanes.max(1);
     let mut parts: Vec<Vec<Outgoing>> = vec![Vec::new(); lanes];
     for o in program {
-        let lane = match (turns.get_mut(o.peer), o.data.is_some()) {
-            (Some(t), true) if lanes > 1 => {
-                let lane = 1 + t.data % (lanes - 1);
-                t.data = (t.data + 1) % (lanes - 1);
+        let lane = match turns.get_mut(o.peer) {
+            Some(t) => {
+                let next = if o.data.is_some() { &mut t.data } else { &mut t.control };
+                let lane = *next % lanes;
+                *next = (lane + 1) % lanes;
                 lane
             }
-            // A credit, or a single lane, or an unknown peer (which the lane refuses:
-            // `Run::take_programs`).
-            _ => 0,
+            // An unknown peer: the lane refuses it (`Run::take_programs`).
+            None => 0,
         };
         parts[lane].push(o);
     }
@@ -1091,7 +1092,7 @@ mod lane_tests {
     }
 
     #[test]
-    fn credits_get_lane_0_and_chunks_the_other_lanes_in_turn_across_programs() {
+    fn chunks_and_credits_are_dealt_to_the_lanes_in_turn_across_programs() {
         // The steady state of a transfer both ways: data, credit, data, credit... to rank 1,
         // and only chunks to rank 2.
         let mut turns = vec![Turn::default(); 3];
@@ -1115,16 +1116,13 @@ mod lane_tests {
                 seen[lane].extend(part.iter().copied());
             }
         }
-        // Lane 0 has every credit and no chunk; the chunks to each peer are spread evenly over
-        // lanes 1 and 2 (30 to rank 2, 15 to rank 1: 8 and 7 of those).
-        let count = |lane: usize, q: usize, data: bool| {
-            seen[lane].iter().filter(|o| o.peer == q && o.data.is_some() == data).count()
-        };
-        assert_eq!((count(0, 1, false), count(0, 1, true), count(0, 2, true)), (15, 0, 0));
-        for lane in [1, 2] {
-            assert_eq!(count(lane, 2, true), 15, "lane {lane}");
-            assert!((7..=8).contains(&count(lane, 1, true)), "lane {lane}");
-            assert_eq!(count(lane, 1, false), 0, "lane {lane}");
+        // Chunks to each peer are spread evenly over the lanes (30 to rank 2, 15 to rank 1),
+        // and so are rank 1's credits.
+        for (lane, got) in seen.iter().enumerate() {
+            let count = |q: usize, data: bool| {
+                got.iter().filter(|o| o.peer == q && o.data.is_some() == data).count()
+            };
+            assert_eq!((count(2, true), count(1, true), count(1, false)), (10, 5, 5), "lane {lane}");
         }
         // One lane: everything in order on it.
         let mut one = vec![Turn::default(); 3];
