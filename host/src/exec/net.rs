@@ -200,7 +200,7 @@ fn issue(
     let base = mem
         .device_base()
         .ok_or_else(|| internal("network memory not mapped into the device".into()))?;
-    let [flags, posted, scratch, outbox] = mem.offsets().map(|o| base + o as u64);
+    let [flags, posted, credits, scratch, outbox] = mem.offsets().map(|o| base + o as u64);
     let bytes_in = |at: usize, len: usize, limit: usize| at.checked_add(len).is_some_and(|e| e <= limit);
     let addr = |p: Place, len: usize| -> Result<u64> {
         match p {
@@ -221,9 +221,12 @@ fn issue(
                 // proxy (holding it) keeps alive.
                 unsafe { ops.write(stream, posted + 8 * peer as u64, net.sent[peer] + k, r) }?
             }
-            Action::Wait { peer, k } if peer < n => {
+            Action::Wait { peer, k, credit } if peer < n => {
+                // A credit is waited for on the credit word, which the proxy raises as soon as
+                // the credit arrives, not after the peer's earlier chunks (`NetMem::credit`).
+                let words = if credit { credits } else { flags };
                 let args = WaitArgs {
-                    flag: flags + 8 * peer as u64,
+                    flag: words + 8 * peer as u64,
                     value: net.received[peer] + k,
                     ctl: bound.health.ctl(),
                     timeout_ns: bound.health.timeout_ns(),

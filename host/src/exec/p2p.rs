@@ -78,7 +78,7 @@ fn issue(call: &ProcessCall<'_>, plan: &P2pPlan, bufs: &[u64], stream: &CudaStre
     for a in &plan.actions {
         match *a {
             Action::Signal { peer, k } => call.send(stream, Signal { peer, k })?,
-            Action::Wait { peer, k } => call.wait_for(stream, Signal { peer, k })?,
+            Action::Wait { peer, k, .. } => call.wait_for(stream, Signal { peer, k })?,
             Action::Copy { from, to, bytes } => {
                 let (src, dst) = (addr(from)?, addr(to)?);
                 // SAFETY: `src` and `dst` are `bytes` within the caller's validated buffers or a

@@ -87,6 +87,10 @@ pub enum Action {
         peer: usize,
         /// The signal's number in this group for the pair.
         k: u64,
+        /// Whether the signal is a credit (*ready* or *consumed*: the peer's leave to write
+        /// its scratch) rather than *data*. Only the network path tells them apart: there a
+        /// credit can be seen before the peer's earlier chunks have arrived.
+        credit: bool,
     },
     /// Copy `bytes` from `from` to `to`.
     Copy {
@@ -219,7 +223,7 @@ fn pieces(ops: &[(usize, usize)], start: usize, len: usize) -> Vec<(usize, usize
 /// let p = plan(0, 2, &[P2pOp { dir: Dir::Send, peer: 1, bytes: 3 << 10 }], 1 << 10, 2)?;
 /// assert_eq!(p.sent, vec![0, 3]); // data 0, 1, 2
 /// assert_eq!(p.received, vec![0, 4]); // ready, consumed 0, 1, 2
-/// assert_eq!(p.actions[0], Action::Wait { peer: 1, k: 1 }); // rank 1's ready
+/// assert_eq!(p.actions[0], Action::Wait { peer: 1, k: 1, credit: true }); // rank 1's ready
 /// # Ok::<(), ringccl::Error>(())
 /// ```
 pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize, slots: usize) -> Result<P2pPlan> {
@@ -308,11 +312,12 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize, slots: usize) 
             }
             // The peer's sequence: it sends `p.inn` chunks to this rank and receives `p.out`.
             if j == 0 {
-                actions.push(Action::Wait { peer: q, k: 1 });
+                actions.push(Action::Wait { peer: q, k: 1, credit: true });
             } else if j >= slots {
                 actions.push(Action::Wait {
                     peer: q,
                     k: Pair::consumed(p.inn, p.out, j - slots, ahead),
+                    credit: true,
                 });
             }
             let start = j * slot;
@@ -341,6 +346,7 @@ pub fn plan(me: usize, nranks: usize, ops: &[P2pOp], slot: usize, slots: usize) 
             actions.push(Action::Wait {
                 peer: q,
                 k: Pair::data(p.inn, p.out, k, ahead),
+                credit: false,
             });
             let start = k * slot;
             let len = slot.min(total(&ins[q])? - start);
@@ -417,7 +423,7 @@ mod tests {
             let ready: Vec<usize> = (0..n)
                 .filter(|&r| match plans[r].actions.get(pc[r]) {
                     None => false,
-                    Some(Action::Wait { peer, k }) => flags[r][*peer] >= *k,
+                    Some(Action::Wait { peer, k, .. }) => flags[r][*peer] >= *k,
                     Some(_) => true,
                 })
                 .collect();

@@ -68,7 +68,7 @@ impl NetRank {
     }
 }
 
-/// A rank's memory of the network path: `nranks` flag words, `nranks` posted words, then the
+/// A rank's memory of the network path: `nranks` flag words, `nranks` posted words, `nranks` credit words, then the
 /// scratch (inbox) and the outbox, each of `scratch_bytes`. It owns its allocation (plain host
 /// memory, or pinned memory mapped into a device: [`pinned::pinned`]), freed with the last
 /// reference (the proxy holds one).
@@ -102,7 +102,7 @@ impl NetMem {
     /// Bytes of a `NetMem` for `nranks` ranks and `scratch_bytes` of scratch.
     pub fn bytes(nranks: usize, scratch_bytes: usize) -> Option<usize> {
         nranks
-            .checked_mul(16)?
+            .checked_mul(24)?
             .checked_add(scratch_bytes.checked_mul(2)?)
     }
 
@@ -171,7 +171,7 @@ impl NetMem {
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: callers pass `i < 2 * nranks`; the words are 8-aligned, inside the memory,
+        // SAFETY: callers pass `i < 3 * nranks`; the words are 8-aligned, inside the memory,
         // and only ever accessed atomically.
         unsafe { AtomicU64::from_ptr(self.base.add(i * 8) as *mut u64) }
     }
@@ -186,10 +186,19 @@ impl NetMem {
         (peer < self.nranks).then(|| self.word(self.nranks + peer))
     }
 
-    /// Byte offset of the flag words, the posted words, the scratch and the outbox.
-    pub fn offsets(&self) -> [usize; 4] {
-        let s = self.nranks * 16;
-        [0, self.nranks * 8, s, s + self.scratch_bytes]
+    /// The counter of the latest credit (a signal without a chunk: *ready* or *consumed*) from
+    /// `peer` up to which every credit from it has arrived (written by the proxy, waited on by
+    /// the stream for credits). The flag word must wait for the peer's earlier chunks too,
+    /// which in a transfer both ways are still on their way when the credit arrives.
+    pub fn credit(&self, peer: usize) -> Option<&AtomicU64> {
+        (peer < self.nranks).then(|| self.word(2 * self.nranks + peer))
+    }
+
+    /// Byte offset of the flag words, the posted words, the credit words, the scratch and the
+    /// outbox.
+    pub fn offsets(&self) -> [usize; 5] {
+        let s = self.nranks * 24;
+        [0, self.nranks * 8, self.nranks * 16, s, s + self.scratch_bytes]
     }
 
     fn range(&self, start: usize, at: usize, bytes: usize) -> Option<*mut u8> {
@@ -200,12 +209,12 @@ impl NetMem {
 
     /// `bytes` of the scratch from `at`, if inside it.
     pub fn scratch_range(&self, at: usize, bytes: usize) -> Option<*mut u8> {
-        self.range(self.offsets()[2], at, bytes)
+        self.range(self.offsets()[3], at, bytes)
     }
 
     /// `bytes` of the outbox from `at`, if inside it.
     pub fn outbox_range(&self, at: usize, bytes: usize) -> Option<*mut u8> {
-        self.range(self.offsets()[3], at, bytes)
+        self.range(self.offsets()[4], at, bytes)
     }
 }
 

@@ -91,7 +91,7 @@ impl super::NetRank {
     /// # fn run(boot: &ringccl::bootstrap::Bootstrap) -> Result<(), ringccl::Error> {
     /// use ringccl::internals::transport::net::NetRank;
     /// let ctx = ringccl::cudarc::driver::CudaContext::new(0).expect("a GPU");
-    /// let net = let opts = ringccl::internals::transport::net::proxy::NetOptions::default();
+    /// let opts = ringccl::internals::transport::net::proxy::NetOptions::default();
     /// let net = NetRank::connect(&ctx, boot.rank(), boot.nranks(), boot, opts)?;
     /// # Ok(()) }
     /// ```

@@ -30,7 +30,7 @@ const TAG_HEADER: u64 = 0x1 << 60;
 /// its header was handled.
 const TAG_CHUNK: u64 = 0x2 << 60;
 /// Bytes of a message's header.
-pub const HEADER_BYTES: usize = 40;
+pub const HEADER_BYTES: usize = 48;
 
 fn chunk_tag(src: usize, k: u64) -> u64 {
     TAG_CHUNK | ((src as u64 & 0xf_ffff) << 40) | (k & 0xff_ffff_ffff)
@@ -91,13 +91,31 @@ fn parse_addresses(b: &[u8], q: usize, nranks: usize, lanes: usize) -> Option<Ve
 }
 
 /// Whose turn it is, per peer, among the lanes: for the next signal that carries a chunk and
-/// for the next that does not.
+/// for the next that does not; and the counter of the last credit dealt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Turn {
     /// The lane of the next signal with a chunk.
     pub data: usize,
     /// The lane of the next signal without one.
     pub control: usize,
+    /// The counter of the last credit (signal without a chunk) dealt to this peer, 0 for none.
+    pub last_credit: u64,
+}
+
+/// A signal as a lane sends it: with the counter of the previous credit to the same peer, if
+/// it is a credit (the receiver raises its credit word through the chain: `NetMem::credit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dealt {
+    /// The signal.
+    pub o: Outgoing,
+    /// For a credit, the counter of the previous credit to the same peer (0 for none); 0
+    /// otherwise.
+    pub prev_credit: u64,
+}
+
+/// Whether a signal is a credit: it carries no bytes.
+fn is_credit(o: &Outgoing) -> bool {
+    o.data.is_none_or(|c| c.bytes == 0)
 }
 
 /// Deals `program` (in posting order) to `lanes` lanes: per peer, the signals that carry a
@@ -115,25 +133,33 @@ pub struct Turn {
 ///     .collect();
 /// let mut turns = vec![Turn::default(); 2];
 /// let lanes = deal(program, 2, &mut turns);
-/// let ks: Vec<Vec<u64>> = lanes.iter().map(|l| l.iter().map(|o| o.k).collect()).collect();
-/// assert_eq!(ks, vec![vec![1, 2], vec![3, 4]]);
-/// assert_eq!(turns[1], Turn { data: 0, control: 0 });
+/// let ks: Vec<Vec<(u64, u64)>> =
+///     lanes.iter().map(|l| l.iter().map(|d| (d.o.k, d.prev_credit)).collect()).collect();
+/// // Credits 2 and 4 name the credit before them.
+/// assert_eq!(ks, vec![vec![(1, 0), (2, 0)], vec![(3, 0), (4, 2)]]);
+/// assert_eq!(turns[1], Turn { data: 0, control: 0, last_credit: 4 });
 /// ```
-pub fn deal(program: Vec<Outgoing>, lanes: usize, turns: &mut [Turn]) -> Vec<Vec<Outgoing>> {
+pub fn deal(program: Vec<Outgoing>, lanes: usize, turns: &mut [Turn]) -> Vec<Vec<Dealt>> {
     let lanes = lanes.max(1);
-    let mut parts: Vec<Vec<Outgoing>> = vec![Vec::new(); lanes];
+    let mut parts: Vec<Vec<Dealt>> = vec![Vec::new(); lanes];
     for o in program {
-        let lane = match turns.get_mut(o.peer) {
+        let credit = is_credit(&o);
+        let (lane, prev_credit) = match turns.get_mut(o.peer) {
             Some(t) => {
-                let next = if o.data.is_some() { &mut t.data } else { &mut t.control };
+                let next = if credit { &mut t.control } else { &mut t.data };
                 let lane = *next % lanes;
                 *next = (lane + 1) % lanes;
-                lane
+                let prev = if credit {
+                    std::mem::replace(&mut t.last_credit, o.k)
+                } else {
+                    0
+                };
+                (lane, prev)
             }
             // An unknown peer: the lane refuses it (`Run::take_programs`).
-            None => 0,
+            None => (0, 0),
         };
-        parts[lane].push(o);
+        parts[lane].push(Dealt { o, prev_credit });
     }
     parts
 }
@@ -234,8 +260,18 @@ struct Shared {
     /// Per peer: what the lanes have published of its counter, and the signals complete above
     /// it.
     publish: Vec<Mutex<Publish>>,
+    /// Per peer: the credits the lanes have received, as a chain (see [`Run::credit`]).
+    credits: Vec<Mutex<Credits>>,
     /// When the proxy started, if it traces ([`NetOptions::trace`]).
     trace: Option<Instant>,
+}
+
+/// A peer's credits as the lanes receive them: the last one published to the credit word, and
+/// those received after it whose previous credit has not yet arrived (previous → counter).
+#[derive(Debug, Default)]
+struct Credits {
+    at: u64,
+    pending: std::collections::BTreeMap<u64, u64>,
 }
 
 /// A peer's signals as the lanes complete them (see [`Run::complete`]).
@@ -249,19 +285,20 @@ impl Shared {
     fn new(nranks: usize, trace: bool) -> Shared {
         Shared {
             publish: (0..nranks).map(|_| Mutex::default()).collect(),
+            credits: (0..nranks).map(|_| Mutex::default()).collect(),
             trace: trace.then(Instant::now),
             ..Shared::default()
         }
     }
 
-    /// Raises every flag word of `mem` by [`RELEASE`], once, so that every wait of the stream
-    /// ends.
+    /// Raises every flag and credit word of `mem` by [`RELEASE`], once, so that every wait of
+    /// the stream ends.
     fn release(&self, mem: &NetMem) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
         for q in 0..mem.nranks() {
-            if let Some(w) = mem.flag(q) {
+            for w in [mem.flag(q), mem.credit(q)].into_iter().flatten() {
                 w.fetch_add(RELEASE, Ordering::AcqRel);
             }
         }
@@ -305,7 +342,7 @@ pub struct Proxy {
     rank: usize,
     mem: Arc<NetMem>,
     /// Per lane: where its part of each program goes (`None` once closed).
-    tx: Vec<Option<Sender<Vec<Outgoing>>>>,
+    tx: Vec<Option<Sender<Vec<Dealt>>>>,
     /// Per peer: which lanes the next signals go to ([`deal`]).
     turns: Mutex<Vec<Turn>>,
     shared: Arc<Shared>,
@@ -494,10 +531,9 @@ impl Proxy {
     /// the host-side wait of a rank whose "stream" is host code. Errors at once if the proxy
     /// failed.
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
-    pub fn wait(&self, peer: usize, k: u64, timeout: Duration) -> Result<()> {
-        let word = self
-            .mem
-            .flag(peer)
+    pub fn wait(&self, peer: usize, k: u64, credit: bool, timeout: Duration) -> Result<()> {
+        let word = if credit { self.mem.credit(peer) } else { self.mem.flag(peer) };
+        let word = word
             .ok_or_else(|| net(self.rank, Some(peer), "no such peer".into()))?;
         let start = Instant::now();
         let mut spins = 0u32;
@@ -598,10 +634,10 @@ struct Run {
     at: Lane,
     mem: Arc<NetMem>,
     eps: Vec<Option<EpId>>,
-    rx: Receiver<Vec<Outgoing>>,
+    rx: Receiver<Vec<Dealt>>,
     shared: Arc<Shared>,
     timeout: Duration,
-    queues: Vec<VecDeque<Outgoing>>,
+    queues: Vec<VecDeque<Dealt>>,
     /// Last counter value this lane sent to each peer.
     sent: Vec<u64>,
     /// Signals from each peer whose header has arrived on this lane and that are not yet
@@ -626,7 +662,7 @@ impl Run {
         mem: Arc<NetMem>,
         worker: Worker,
         eps: Vec<Option<EpId>>,
-        rx: Receiver<Vec<Outgoing>>,
+        rx: Receiver<Vec<Dealt>>,
         shared: Arc<Shared>,
         timeout: Duration,
     ) -> Run {
@@ -724,7 +760,7 @@ impl Run {
             if q == self.rank {
                 continue;
             }
-            match self.send(q, header(KIND_BYE, self.rank, 0, 0, 0)) {
+            match self.send(q, header(KIND_BYE, self.rank, (0, 0), 0, 0)) {
                 // A peer that said goodbye may be gone already.
                 Err(_) if self.bye[q] => {}
                 r => r?,
@@ -740,14 +776,14 @@ impl Run {
             match self.rx.try_recv() {
                 Ok(program) => {
                     any = true;
-                    for o in program {
-                        let q = self.queues.get_mut(o.peer).filter(|_| o.peer != self.rank);
+                    for d in program {
+                        let q = self.queues.get_mut(d.o.peer).filter(|_| d.o.peer != self.rank);
                         let Some(q) = q else {
                             return Err(Error::Internal {
-                                reason: format!("a network signal to rank {}", o.peer),
+                                reason: format!("a network signal to rank {}", d.o.peer),
                             });
                         };
-                        q.push_back(o);
+                        q.push_back(d);
                     }
                 }
                 Err(TryRecvError::Empty) => return Ok(any),
@@ -767,7 +803,7 @@ impl Run {
             let Some(posted) = mem.posted(q) else {
                 continue;
             };
-            while let Some(&o) = self.queues[q].front() {
+            while let Some(&Dealt { o, prev_credit }) = self.queues[q].front() {
                 if posted.load(Ordering::Acquire) < o.k {
                     break;
                 }
@@ -783,7 +819,7 @@ impl Run {
                 self.queues[q].pop_front();
                 let (to, bytes) = o.data.map_or((0, 0), |c| (c.to, c.bytes));
                 self.trace("post", q, o.k, bytes);
-                self.send(q, header(KIND_SIGNAL, self.rank, o.k, to, bytes))?;
+                self.send(q, header(KIND_SIGNAL, self.rank, (o.k, prev_credit), to, bytes))?;
                 if let Some(c) = o.data.filter(|c| c.bytes > 0) {
                     let src = mem.outbox_range(c.from, c.bytes).ok_or_else(|| Error::Internal {
                         reason: format!("outbox range {}+{} of a network chunk", c.from, c.bytes),
@@ -949,6 +985,7 @@ impl Run {
         }
         self.trace("header", q, h.k, h.bytes);
         if h.bytes == 0 {
+            self.credit(q, h.prev_credit, h.k)?;
             return self.complete(q, h.k);
         }
         let dst = self.mem.scratch_range(h.to, h.bytes).ok_or_else(|| {
@@ -1027,6 +1064,33 @@ impl Run {
         Ok(())
     }
 
+    /// Credit `k` from `q`, whose previous credit was `prev`, has arrived: raises `q`'s credit
+    /// word along the chain of credits as far as it is unbroken (credits travel on several
+    /// lanes and can arrive out of order). The credit word does not wait for the peer's earlier
+    /// chunks, as the flag word does.
+    fn credit(&mut self, q: usize, prev: u64, k: u64) -> Result<()> {
+        if prev >= k {
+            return Err(self.err(Some(q), format!("credit {k} from rank {q} after credit {prev}")));
+        }
+        let word = self.mem.credit(q).ok_or_else(|| self.err(Some(q), "no credit word".into()))?;
+        let mut c = self.shared.credits[q].lock().map_err(|_| Error::Internal {
+            reason: "the network proxy's credit state is poisoned".into(),
+        })?;
+        let c = &mut *c;
+        if prev < c.at || c.pending.insert(prev, k).is_some() {
+            return Err(self.err(Some(q), format!("credit {k} from rank {q} names credit {prev} twice")));
+        }
+        let before = c.at;
+        while let Some(next) = c.pending.remove(&c.at) {
+            c.at = next;
+        }
+        if c.at > before {
+            // `fetch_max`: a failed lane may have raised the word by `RELEASE` meanwhile.
+            word.fetch_max(c.at, Ordering::Release);
+        }
+        Ok(())
+    }
+
     fn check_endpoints(&self) -> Result<()> {
         for (q, ep) in self.eps.iter().enumerate() {
             let Some(ep) = ep else { continue };
@@ -1051,6 +1115,8 @@ struct Header {
     k: u64,
     to: usize,
     bytes: usize,
+    /// For a credit, the counter of the previous credit from the same rank (0 for none).
+    prev_credit: u64,
 }
 
 impl Header {
@@ -1066,11 +1132,12 @@ impl Header {
             k: u64_at(16)?,
             to: usize::try_from(u64_at(24)?).ok()?,
             bytes: usize::try_from(u64_at(32)?).ok()?,
+            prev_credit: u64_at(40)?,
         })
     }
 }
 
-fn header(kind: u32, src: usize, k: u64, to: usize, bytes: usize) -> Vec<u8> {
+fn header(kind: u32, src: usize, (k, prev_credit): (u64, u64), to: usize, bytes: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER_BYTES + bytes);
     v.extend_from_slice(&MAGIC.to_le_bytes());
     v.extend_from_slice(&kind.to_le_bytes());
@@ -1079,6 +1146,7 @@ fn header(kind: u32, src: usize, k: u64, to: usize, bytes: usize) -> Vec<u8> {
     v.extend_from_slice(&k.to_le_bytes());
     v.extend_from_slice(&(to as u64).to_le_bytes());
     v.extend_from_slice(&(bytes as u64).to_le_bytes());
+    v.extend_from_slice(&prev_credit.to_le_bytes());
     v
 }
 
@@ -1097,6 +1165,7 @@ mod lane_tests {
         // and only chunks to rank 2.
         let mut turns = vec![Turn::default(); 3];
         let mut seen = vec![Vec::new(); 3];
+        let mut credits: Vec<Dealt> = Vec::new();
         let mut k = [0u64; 3];
         for program in 0..5 {
             let mut p = Vec::new();
@@ -1110,10 +1179,11 @@ mod lane_tests {
             for (lane, part) in parts.iter().enumerate() {
                 // Each lane's part keeps the posting order per peer.
                 for q in [1, 2] {
-                    let ks: Vec<u64> = part.iter().filter(|o| o.peer == q).map(|o| o.k).collect();
+                    let ks: Vec<u64> = part.iter().filter(|d| d.o.peer == q).map(|d| d.o.k).collect();
                     assert!(ks.windows(2).all(|w| w[0] < w[1]), "program {program} lane {lane}");
                 }
-                seen[lane].extend(part.iter().copied());
+                seen[lane].extend(part.iter().map(|d| d.o));
+                credits.extend(part.iter().filter(|d| d.o.data.is_none()));
             }
         }
         // Chunks to each peer are spread evenly over the lanes (30 to rank 2, 15 to rank 1),
@@ -1124,6 +1194,14 @@ mod lane_tests {
             };
             assert_eq!((count(2, true), count(1, true), count(1, false)), (10, 5, 5), "lane {lane}");
         }
+        // Each credit names the one before it (across lanes and programs), the first none.
+        credits.sort_by_key(|d| d.o.k);
+        let mut prev = 0;
+        for d in &credits {
+            assert_eq!(d.prev_credit, prev, "credit {}", d.o.k);
+            prev = d.o.k;
+        }
+        assert_eq!(turns[1].last_credit, prev);
         // One lane: everything in order on it.
         let mut one = vec![Turn::default(); 3];
         let parts = deal(vec![signal(1, 1, true), signal(1, 2, false)], 1, &mut one);

@@ -117,7 +117,9 @@ impl Rank {
                     let w = mem.posted(peer).ok_or_else(bad)?;
                     w.store(self.sent[peer] + k, std::sync::atomic::Ordering::Release);
                 }
-                Action::Wait { peer, k } => self.proxy.wait(peer, self.received[peer] + k, TIMEOUT)?,
+                Action::Wait { peer, k, credit } => {
+                    self.proxy.wait(peer, self.received[peer] + k, credit, TIMEOUT)?
+                }
                 Action::Copy { from, to, bytes } => {
                     let src: Vec<u8> = match from {
                         Place::Op { op, offset } => {
@@ -544,7 +546,7 @@ fn a_peer_that_is_gone_is_an_error_not_a_hang() {
                 .post(vec![Outgoing { peer: 1, k: 1, data: None }])
                 .expect("posted");
             mem.posted(1).expect("word").store(1, std::sync::atomic::Ordering::Release);
-            let e = proxy.wait(1, 1, Duration::from_secs(15)).expect_err("rank 1 is gone");
+            let e = proxy.wait(1, 1, true, Duration::from_secs(15)).expect_err("rank 1 is gone");
             assert!(proxy.close().is_err());
             e
         }
