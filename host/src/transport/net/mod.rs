@@ -22,7 +22,7 @@
 //!
 //! Every wait is bounded (a send in flight, the closing handshake, [`proxy::Proxy::wait`]); a
 //! lost peer (UCX's endpoint error handler) fails the proxy, which releases its worker, so that
-//! the failure reaches every rank, and raises every flag word by 2^62, so that no stream
+//! the failure reaches every rank, and raises every flag and credit word by 2^62, so that no stream
 //! waits forever (the host then reads [`proxy::Proxy::error`]); UCX's errors keep their text
 //! ([`crate::Error::Network`]). UCX is loaded at run time ([`ucp`]); building ringccl needs
 //! none.

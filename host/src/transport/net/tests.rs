@@ -638,6 +638,8 @@ fn child() {
             // The failed proxy released every wait a GPU stream could be blocked in.
             let flag = rank.proxy.mem().flag(1).expect("a flag word");
             assert!(flag.load(std::sync::atomic::Ordering::Acquire) >= 1 << 62);
+            let credit = rank.proxy.mem().credit(1).expect("a credit word");
+            assert!(credit.load(std::sync::atomic::Ordering::Acquire) >= 1 << 62);
             println!("rank {r}: error after {:?}: {e}", t.elapsed());
             assert!(t.elapsed() < TIMEOUT + Duration::from_secs(5));
         }
