@@ -18,6 +18,8 @@
 //! kernels from the barrier within microseconds (they skip their work and end), and the call
 //! returns [`Error::PartlyEnqueued`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
 
@@ -96,6 +98,8 @@ pub fn execute<S: AsRef<CudaStream>>(
     }
     let streams: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
     let call_ref: &Call<'_> = call;
+    // Which ranks' kernels went out (a rank's part can still fail after its launch).
+    let launched: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
     // One rank's part: wait for its previous call, launch, record its end; inside `around`.
     let issue = |r: usize| -> Result<()> {
         around(r, &|| {
@@ -121,6 +125,7 @@ pub fn execute<S: AsRef<CudaStream>>(
             // are the communicator's, alive until its drop waits for this call's end (as is the
             // control block); the caller checked peer access between every pair of ranks.
             unsafe { call_ref.rank(r)?.kernels.launch_oneshot(stream, dtype, op, &args)? };
+            launched[r].store(true, Ordering::Relaxed);
             if !capturing {
                 record(call_ref.end_event(r)?, stream, r)?;
             }
@@ -145,7 +150,6 @@ pub fn execute<S: AsRef<CudaStream>>(
             out
         }
     };
-    let enqueued: Vec<usize> = (0..results.len()).filter(|&r| results[r].is_ok()).collect();
     let Some(cause) = results.into_iter().find_map(Result::err) else {
         return Ok(());
     };
@@ -158,6 +162,8 @@ pub fn execute<S: AsRef<CudaStream>>(
             }
         }
     }
+    // (`run` has returned: every rank's part is done.)
+    let enqueued: Vec<usize> = (0..n).filter(|&r| launched[r].load(Ordering::Relaxed)).collect();
     if enqueued.is_empty() {
         return Err(cause);
     }
