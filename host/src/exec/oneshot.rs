@@ -99,7 +99,7 @@ pub fn execute<S: AsRef<CudaStream>>(
     let streams: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
     let call_ref: &Call<'_> = call;
     // Which ranks' kernels went out (a rank's part can still fail after its launch).
-    let launched: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let launched: [AtomicBool; MAX_RANKS] = Default::default();
     // One rank's part: wait for its previous call, launch, record its end; inside `around`.
     let issue = |r: usize| -> Result<()> {
         around(r, &|| {
