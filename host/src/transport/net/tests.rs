@@ -278,7 +278,7 @@ fn megabyte_chunks_both_ways() {
     if !have_ucx() {
         return;
     }
-    // The GPU path's slots: its scratch for 2 ranks is 2 MiB per chunk (UCX's rendezvous
+    // The GPU path's slots: its scratch for 2 ranks is 1 MiB per chunk (UCX's rendezvous
     // protocol, where small chunks go eagerly).
     threads_with(2, crate::transport::net::pinned::NET_SCRATCH_BYTES, DEFAULT_LANES, |rank| {
         let peer = 1 - rank.me;
