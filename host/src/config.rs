@@ -244,6 +244,9 @@ pub const DEFAULT_CE_BROADCAST_MIN_BYTES: usize = 256 << 10;
 /// Default of [`Config::net_lanes`].
 pub const DEFAULT_NET_LANES: usize = 4;
 
+/// Most lanes [`Config::net_lanes`] may ask for.
+pub const MAX_NET_LANES: usize = 16;
+
 /// Default of [`Config::bootstrap_timeout`], in seconds.
 pub const DEFAULT_BOOTSTRAP_TIMEOUT_S: u64 = 120;
 
@@ -510,8 +513,8 @@ fn parse_timeout(s: &str) -> std::result::Result<Option<std::time::Duration>, St
 
 fn parse_lanes(s: &str) -> std::result::Result<usize, String> {
     match s.parse::<usize>() {
-        Ok(v) if (1..=16).contains(&v) => Ok(v),
-        _ => Err("expected 1 to 16 lanes".into()),
+        Ok(v) if (1..=MAX_NET_LANES).contains(&v) => Ok(v),
+        _ => Err(format!("expected 1 to {MAX_NET_LANES} lanes")),
     }
 }
 

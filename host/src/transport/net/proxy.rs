@@ -50,7 +50,7 @@ const ADDRESS_MAGIC: &[u8; 8] = b"RCCLUCX2";
 /// Default of [`NetOptions::lanes`].
 pub const DEFAULT_LANES: usize = crate::config::DEFAULT_NET_LANES;
 /// Most lanes a proxy may have.
-pub const MAX_LANES: usize = 16;
+pub const MAX_LANES: usize = crate::config::MAX_NET_LANES;
 
 /// The bytes a rank publishes for its lanes' worker `addresses` (see [`ADDRESS_MAGIC`]).
 pub(crate) fn frame_addresses(rank: usize, nranks: usize, addresses: &[Vec<u8>]) -> Vec<u8> {
