@@ -499,7 +499,7 @@ impl Proxy {
     /// Hands the proxy the signals the stream will post next, in the order it posts them per
     /// peer (counters consecutive per peer). Call before the stream can post them.
     pub fn post(&self, program: Vec<Outgoing>) -> Result<()> {
-        if let Some(e) = self.shared.error() {
+        if let Some(e) = self.error() {
             return Err(e);
         }
         let parts = {
@@ -513,7 +513,7 @@ impl Proxy {
                 continue;
             }
             let tx = tx.as_ref().ok_or_else(|| net(self.rank, None, "the proxy is closed".into()))?;
-            tx.send(part).map_err(|_| match self.shared.error() {
+            tx.send(part).map_err(|_| match self.error() {
                 Some(e) => e,
                 None => net(self.rank, None, "a proxy thread has ended".into()),
             })?;
@@ -521,10 +521,14 @@ impl Proxy {
         Ok(())
     }
 
-    /// The proxy's failure, if it failed (it stops at its first failure).
+    /// The proxy's failure, if it failed (it stops at its first failure). Once a failure is
+    /// reported, every flag and credit word is released (the failing lane records the failure
+    /// before it releases them, so a caller could otherwise see the one before the other).
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn error(&self) -> Option<Error> {
-        self.shared.error()
+        let e = self.shared.error()?;
+        self.shared.release(&self.mem);
+        Some(e)
     }
 
     /// Waits until `peer`'s counter in this rank's memory reaches `k`, for at most `timeout`:
@@ -538,7 +542,7 @@ impl Proxy {
         let start = Instant::now();
         let mut spins = 0u32;
         while word.load(Ordering::Acquire) < k {
-            if let Some(e) = self.shared.error() {
+            if let Some(e) = self.error() {
                 return Err(e);
             }
             if start.elapsed() > timeout {
@@ -559,7 +563,7 @@ impl Proxy {
             }
         }
         // A failed proxy releases the waits (flags raised by `RELEASE`): that is its error.
-        match self.shared.error() {
+        match self.error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -585,7 +589,7 @@ impl Proxy {
                 reason: "a network proxy thread panicked".into(),
             });
         }
-        match self.shared.error() {
+        match self.error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
