@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The network transport on a GPU machine, from a bundle built by `cargo xtask gpu-bundle`: two
-# processes, their point-to-point traffic forced through UCX over loopback TCP.
+# processes, their traffic forced through UCX over loopback TCP; then four processes as two
+# machines (CUDA IPC inside a machine, UCX across, hierarchical collectives).
 #   scripts/gpu-net.sh BUNDLE
 # Needs UCX's libucp.so.0 (system libucx0, or a wheel's lib directory on LD_LIBRARY_PATH) and
 # NCCL for the side-by-side step (as scripts/gpu-run.sh finds it). Logs go to $OUT (default
@@ -38,15 +39,28 @@ step() { # name timeout-seconds cmd...
 step cpu 300 env RINGCCL_REQUIRE_UCX=1 "$B/tests/lib-ringccl" transport::net --include-ignored --test-threads=1
 # 2. The executor on CUDA streams: 1 B to 64 MiB each way between two processes.
 step gpu-p2p 400 env "${UCX[@]}" "$B/tests/test-net" --include-ignored --nocapture net_p2p_across_two_processes
-# 3. The multi-process suite with its peer_ops through the network (collectives over IPC).
-step multi-process 600 env RINGCCL_NET=ucx "${UCX[@]}" "$B/tests/test-multi_process" \
+# 3. The multi-process suite with every pair through the network.
+FORCED=(RINGCCL_NET=ucx RINGCCL_P2P_DISABLE=1)
+step multi-process 600 env "${FORCED[@]}" "${UCX[@]}" "$B/tests/test-multi_process" \
   --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+# 3b. Four processes as two machines of two ranks (RINGCCL_HOST_ID per rank, set by the test):
+#     CUDA IPC inside a machine, UCX across, hierarchical collectives. Four processes on fewer
+#     than four GPUs need the MPS daemon (nvidia-cuda-mps-control -d), or their kernels take
+#     turns and the job crawls: without either, the step is skipped and says so.
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -ge 4 ] || pgrep -x nvidia-cuda-mps >/dev/null; then
+  step machines 600 env "${UCX[@]}" "$B/tests/test-multi_process" \
+    --include-ignored --nocapture --test-threads=1 every_collective_across_two_machines
+else
+  echo "=== net-machines: SKIPPED ($gpus GPUs and no MPS daemon)" | tee -a "$OUT/steps.log"
+  SUMMARY+=("net-machines: SKIPPED, not run ($gpus GPUs and no MPS daemon)")
+fi
 # 4. Side by side: ringccl's ring shift and all-reduce through UCX, NCCL's through its socket
 #    transport, in the same two processes.
-step sendrecv 600 env RINGCCL_NET=ucx "${UCX[@]}" "${NCCL_SOCKETS[@]}" "$B/bin/bin-ringccl-run" -n 2 \
+step sendrecv 600 env "${FORCED[@]}" "${UCX[@]}" "${NCCL_SOCKETS[@]}" "$B/bin/bin-ringccl-run" -n 2 \
   "$B/bin/bin-ringccl-perf" --procs 2 -t send_recv -d float -b 1K -e 256M -f 4 -n 10 -w 3 \
   --no-progress --json "$OUT/net-sendrecv.json"
-step allreduce 600 env RINGCCL_NET=ucx "${UCX[@]}" "${NCCL_SOCKETS[@]}" "$B/bin/bin-ringccl-run" -n 2 \
+step allreduce 600 env "${FORCED[@]}" "${UCX[@]}" "${NCCL_SOCKETS[@]}" "$B/bin/bin-ringccl-run" -n 2 \
   "$B/bin/bin-ringccl-perf" --procs 2 -t all_reduce -d float -b 1K -e 256M -f 4 -n 10 -w 3 \
   --no-progress --json "$OUT/net-allreduce.json"
 echo

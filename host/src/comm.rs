@@ -27,7 +27,8 @@ use crate::resources::rank_threads::RankThreads;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
 use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
-use crate::transport::ipc::{Exchange, Windows};
+use crate::plan::net::Machines;
+use crate::transport::ipc::{machine_id, Exchange, Windows};
 use crate::transport::net::proxy::NetOptions;
 use crate::transport::net::NetRank;
 use crate::transport::Transport;
@@ -126,8 +127,14 @@ pub(crate) struct ProcessRank {
     state: Mutex<ProcessState>,
     /// Plans by call shape.
     pub plans: PlanCache<ProcessPlan>,
-    /// The network path (`RINGCCL_NET=ucx`): point-to-point groups go through it.
+    /// The network path (`RINGCCL_NET=ucx`, started when some rank is on another machine or
+    /// every pair is forced onto it): what goes to ranks on other machines goes through it.
     pub net: Option<Mutex<NetRank>>,
+    /// Every pair goes through the network, even ranks of this machine
+    /// (`RINGCCL_NET=ucx` with `RINGCCL_P2P_DISABLE=1`).
+    pub net_all: bool,
+    /// The ranks of each machine (the hierarchical all-reduce's layout).
+    pub machines: Machines,
 }
 
 impl ProcessRank {
@@ -359,12 +366,30 @@ impl Communicator {
         let boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
         let res = RankResources::new(rank, device, &config)?;
         // With the network path, ranks on other machines are reached over it only.
-        let windows = Windows::connect(&res.ctx, rank, nranks, &boot, config.net == Network::Ucx)?;
+        let machine = machine_id(config.host_id.as_deref());
+        let ucx = config.net == Network::Ucx;
+        let windows = Windows::connect(&res.ctx, rank, nranks, &boot, (machine, ucx))?;
+        let machines = Machines::new(windows.machines());
+        // The network carries the pairs on different machines; with peer-to-peer disabled,
+        // every pair. Every rank decides alike (a job on one machine has no remote rank
+        // anywhere), as it must: starting the proxies is collective.
+        let net_all = ucx && config.p2p_disable;
+        let need_net = net_all || (ucx && windows.remote_peer().is_some());
+        if need_net {
+            report!(
+                config.debug,
+                Info,
+                "rank {rank}: {} machine(s), ranks {:?}; the network carries {}",
+                machines.ranks().len(),
+                machines.ranks(),
+                if net_all { "every pair" } else { "the pairs on different machines" }
+            );
+        }
         let state = ProcessState::new(&res.ctx, rank, nranks, windows)?;
         let memops = MemOps::load()?;
-        let net = match config.net {
-            Network::Off => None,
-            Network::Ucx => Some(Mutex::new(NetRank::connect(
+        let net = match need_net {
+            false => None,
+            true => Some(Mutex::new(NetRank::connect(
                 &res.ctx,
                 rank,
                 nranks,
@@ -399,6 +424,8 @@ impl Communicator {
                 state: Mutex::new(state),
                 plans: PlanCache::default(),
                 net,
+                net_all,
+                machines,
             }),
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
@@ -465,8 +492,15 @@ impl Communicator {
             })
             .collect();
         report!(debug, Info, "communicator of {} ranks: {}", self.nranks(), devices.join(", "));
-        let peer = if self.process.is_some() {
-            "other ranks in other processes (CUDA IPC, signals in device memory)".to_string()
+        let peer = if let Some(p) = &self.process {
+            match (&p.net, p.net_all) {
+                (None, _) => "other ranks in other processes (CUDA IPC, signals in device memory)",
+                (Some(_), true) => "other ranks in other processes, every pair over the network (UCX)",
+                (Some(_), false) => {
+                    "other ranks in other processes: CUDA IPC on this machine, the network (UCX) to others"
+                }
+            }
+            .to_string()
         } else if self.transport.all_direct() {
             "peer access between every pair".to_string()
         } else {

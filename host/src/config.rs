@@ -4,7 +4,7 @@
 //!
 //! | variable | field | default | meaning |
 //! | --- | --- | --- | --- |
-//! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`) |
+//! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`); in a job of processes with `RINGCCL_NET=ucx`, no CUDA IPC either: every pair goes through the network transport, even on one machine (for testing it) |
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
 //! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
@@ -18,7 +18,8 @@
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
 //! | `RINGCCL_BOOTSTRAP_TIMEOUT` | [`bootstrap_timeout`](Config::bootstrap_timeout) | 120 | seconds the ranks of a job of processes wait for each other to join (and for a buffer exchange) |
 //! | `RINGCCL_TIMEOUT` | [`timeout`](Config::timeout) | 600 | seconds a device-side wait for a peer (and a host wait: `synchronize`, drop) lasts before it gives up with `Error::Timeout`; `0`: no limit (an abort still ends it) |
-//! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: the point-to-point groups (`peer_ops`) and every collective of a job of processes go through the network transport (UCX, loaded at run time), even between processes of one machine |
+//! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: in a job of processes, ranks on other machines are reached through the network transport (UCX, loaded at run time); ranks of one machine keep CUDA IPC, and all-reduce, all-gather and broadcast become hierarchical where every machine holds the same number of ranks (with `RINGCCL_P2P_DISABLE=1`, every pair goes through UCX) |
+//! | `RINGCCL_HOST_ID` | [`host_id`](Config::host_id) | the machine's boot id | which machine this rank counts as on: ranks with the same id share CUDA IPC, others are reached over the network. Lets the ranks of one machine stand for several machines (testing the network and hierarchical paths), like `NCCL_HOSTID` |
 //! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 4 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
 //! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `0` | `1`: a communicator of several GPUs in one process keeps a host thread per GPU that issues its rank's part of a small eager all-reduce while the caller's thread issues rank 0's (not yet measured on GPUs: off by default) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
@@ -96,8 +97,9 @@ pub enum Network {
     /// Never: peers are reached with CUDA IPC (processes of one machine).
     #[default]
     Off,
-    /// UCX carries the point-to-point groups (`peer_ops`) and all-reduces between processes,
-    /// even on one machine (UCX's own variables, e.g. `UCX_TLS`, `UCX_NET_DEVICES`, pick the wire).
+    /// UCX carries the traffic between ranks on different machines ([`Config::host_id`]);
+    /// ranks of one machine keep CUDA IPC unless [`Config::p2p_disable`] (then every pair goes
+    /// through UCX). UCX's own variables, e.g. `UCX_TLS`, `UCX_NET_DEVICES`, pick the wire.
     Ucx,
 }
 
@@ -166,8 +168,15 @@ impl FromStr for DebugLevel {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// No direct peer access between GPUs: every cross-GPU transfer is a staged copy.
+    /// No direct peer access between GPUs: every cross-GPU transfer is a staged copy. In a job
+    /// of processes with [`Network::Ucx`], no CUDA IPC either: every pair goes through the
+    /// network transport, even between processes of one machine.
     pub p2p_disable: bool,
+    /// Which machine this rank counts as on, or `None` for the machine's own boot id. Ranks
+    /// with the same id reach each other with CUDA IPC; ranks with different ids only over the
+    /// network ([`Network::Ucx`]). Set it to make the processes of one machine stand for
+    /// several machines (like `NCCL_HOSTID`).
+    pub host_id: Option<String>,
     /// The ring order (a permutation of the ranks), or `None` to choose it from the topology.
     pub ring: Option<Vec<usize>>,
     /// Force the all-reduce algorithm where it can run, or `None` to choose per call.
@@ -254,6 +263,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             p2p_disable: false,
+            host_id: None,
             ring: None,
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
@@ -276,7 +286,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 18] = [
+pub const ENV_VARS: [&str; 19] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -295,6 +305,7 @@ pub const ENV_VARS: [&str; 18] = [
     "RINGCCL_CE_BROADCAST_MIN_BYTES",
     "RINGCCL_NET_LANES",
     "RINGCCL_RANK_THREADS",
+    "RINGCCL_HOST_ID",
 ];
 
 impl Config {
@@ -354,7 +365,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -402,6 +413,7 @@ impl Config {
         if let Some(v) = parse(rank_threads, get(rank_threads)?, parse_bool)? {
             c.rank_threads = v;
         }
+        c.host_id = get(host_id)?.map(|v| v.trim().to_string());
         Ok(c)
     }
 
@@ -602,9 +614,11 @@ mod tests {
             ("RINGCCL_NET", "ucx"),
             ("RINGCCL_NET_LANES", "4"),
             ("RINGCCL_RANK_THREADS", "1"),
+            ("RINGCCL_HOST_ID", " node-b "),
         ])
         .unwrap();
         assert!(c.rank_threads);
+        assert_eq!(c.host_id.as_deref(), Some("node-b"));
         assert_eq!(c.net, Network::Ucx);
         assert_eq!(c.net_lanes, 4);
         for bad in ["0", "17", "two"] {

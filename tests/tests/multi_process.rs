@@ -20,6 +20,9 @@ use ringccl::{Communicator, DeviceElement, Io, PeerOp, RedOp, UniqueId};
 const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
 const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
 const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+/// When set to `M`, the ranks count as on `M` machines (rank r on machine `r · M / n`, through
+/// `Config::host_id`), so that one machine runs the job as several.
+const ENV_MACHINES: &str = "RINGCCL_TEST_JOB_MACHINES";
 
 /// The element types the checks run over: small integers are exact in all of them.
 trait Elem: DeviceElement + PartialEq + cudarc::driver::ValidAsZeroBits {
@@ -441,8 +444,17 @@ fn rank_of_a_job() {
                 .expect("nranks")
                 .parse()
                 .expect("nranks");
+            let mut config = ringccl::Config::from_env().expect("the RINGCCL_ variables");
+            if let Ok(m) = std::env::var(ENV_MACHINES) {
+                let m: usize = m.parse().expect("a machine count");
+                config.host_id = Some(format!("test-machine-{}", rank * m / n));
+            }
+            // More ranks than GPUs share them (two processes on a GPU run together under MPS).
+            let gpus =
+                cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
             (
-                Communicator::init_rank(n, &id, rank, rank).expect("init_rank"),
+                Communicator::init_rank_with_config(n, &id, rank, rank % gpus.max(1), config)
+                    .expect("init_rank"),
                 rank,
                 n,
             )
@@ -539,6 +551,23 @@ fn every_collective_across_processes() {
     assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
     run_ranks("rank_of_a_job", n, &[], Duration::from_secs(240));
     println!("{n} processes: every rank passed");
+}
+
+/// A job of four processes that counts as two machines of two ranks (`Config::host_id`), with
+/// the network transport on (UCX over loopback TCP unless `UCX_TLS` is set): the ranks of a
+/// machine reach each other over CUDA IPC, the others over UCX, and all-reduce, all-gather and
+/// broadcast are hierarchical; every collective and `peer_ops` checked as in the job of one
+/// machine. With fewer than four GPUs, processes share a GPU: start the MPS daemon first
+/// (`nvidia-cuda-mps-control -d`), or their kernels take turns and the job crawls.
+#[test]
+#[ignore = "needs a CUDA GPU and UCX (libucp.so.0); with fewer than 4 GPUs, MPS"]
+fn every_collective_across_two_machines() {
+    let mut env = vec![("RINGCCL_NET", "ucx"), (ENV_MACHINES, "2")];
+    if std::env::var_os("UCX_TLS").is_none() {
+        env.extend([("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")]);
+    }
+    run_ranks("rank_of_a_job", 4, &env, Duration::from_secs(480));
+    println!("4 processes as 2 machines: every rank passed");
 }
 
 /// Two ranks as two threads of this process (like `ncclCommInitRank` per device from threads):

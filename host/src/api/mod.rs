@@ -306,43 +306,70 @@ impl Communicator {
         };
         let me = self.resources(p.rank);
         if let Some(net) = &p.net {
-            // Through the network transport (`RINGCCL_NET=ucx`): the collective as groups of
-            // point-to-point transfers, receives combined by a reduce kernel where it reduces
-            // (`plan::net`).
+            // Some ranks are on other machines (or every pair is forced onto the network):
+            // the collective as groups of point-to-point transfers, receives combined by a
+            // reduce kernel where it reduces (`plan::net`). Each group's transfers with ranks
+            // of this machine go over CUDA IPC, the others over the network
+            // (`exec::hybrid`); all-reduce, all-gather and broadcast are hierarchical where
+            // every machine has as many ranks, two or more (`plan::net::hierarchical`).
             let in_place = checked.layout != Layout::OutOfPlace;
-            let groups = plan::net::groups(
-                (c.kind(), c.count(), c.root().unwrap_or(0)),
-                (p.rank, n),
-                size,
-                in_place,
-            );
+            let what = (c.kind(), c.count(), c.root().unwrap_or(0));
+            let hierarchical = match p.net_all {
+                false => plan::net::hierarchical(what, p.rank, &p.machines, size, in_place),
+                true => None,
+            };
+            let how = if hierarchical.is_some() { "hierarchical" } else { "flat" };
+            let groups =
+                hierarchical.unwrap_or_else(|| plan::net::groups(what, (p.rank, n), size, in_place));
             report!(
                 config.debug,
                 Trace,
-                "{} {} count {} across processes: network, {} groups",
+                "{} {} count {} across processes: {how} groups over the network{}, {} groups",
                 c.name(),
                 T::DTYPE.name(),
                 c.count(),
+                if p.net_all { "" } else { " and CUDA IPC" },
                 groups.len()
             );
             let guards = track(io, streams, &checked.ptrs, false);
-            let state = p.lock();
+            let mut state = p.lock();
             let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
             let cap = me.caps.for_traffic(tuning::Traffic::Local);
-            let result = exec::net::collective(
-                &mut net,
-                &p.memops,
-                exec::net::Bound {
-                    kernels: &me.kernels,
+            let bound = exec::net::Bound {
+                kernels: &me.kernels,
+                health: self.health(),
+            };
+            let unit = c.count().saturating_mul(size);
+            let result = if p.net_all {
+                exec::net::collective(
+                    &mut net,
+                    &p.memops,
+                    bound,
+                    cap,
+                    (T::DTYPE, op),
+                    (mine.send, mine.recv),
+                    (&groups, unit),
+                    stream.as_ref(),
+                    &state.end,
+                )
+            } else {
+                let mut call = exec::process::ProcessCall {
+                    me,
+                    state: &mut state,
+                    memops: &p.memops,
                     health: self.health(),
-                },
-                cap,
-                (T::DTYPE, op),
-                (mine.send, mine.recv),
-                (&groups, c.count().saturating_mul(size)),
-                stream.as_ref(),
-                &state.end,
-            );
+                };
+                exec::hybrid::collective(
+                    &mut net,
+                    &mut call,
+                    bound,
+                    cap,
+                    (T::DTYPE, op),
+                    (mine.send, mine.recv),
+                    (&groups, unit),
+                    stream.as_ref(),
+                )
+            };
             drop(guards);
             return result;
         }

@@ -416,36 +416,45 @@ impl Communicator {
             .collect();
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
         let mut state = p.lock();
-        // Through the network transport (`RINGCCL_NET=ucx`) or the mapped scratch.
-        let mut net = p.net.as_ref().map(|n| n.lock().unwrap_or_else(|e| e.into_inner()));
-        let (scratch, slots) = match &net {
-            Some(n) => (n.proxy.mem().scratch_bytes(), p2p::NET_SLOTS),
-            None => (state.windows.scratch_bytes(), p2p::IPC_SLOTS),
-        };
-        let slot = p2p::slot_bytes(scratch, p.nranks, slots).ok_or_else(|| Error::Internal {
-            reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),
-        })?;
-        let plan = p2p::plan(p.rank, p.nranks, &pops, slot, slots)?;
         let guards: Vec<SyncOnDrop<'_>> = ops
             .iter_mut()
             .filter(|o| o.count > 0)
             .map(|o| o.track(stream.as_ref()))
             .collect();
+        let me = self.resources(p.rank);
+        let bound = exec::net::Bound {
+            kernels: &me.kernels,
+            health: self.health(),
+        };
+        let mut call = exec::process::ProcessCall {
+            me,
+            state: &mut state,
+            memops: &p.memops,
+            health: self.health(),
+        };
+        // Ranks on other machines over the network, the others over the mapped scratch (or
+        // every rank over the network: `RINGCCL_NET=ucx` with `RINGCCL_P2P_DISABLE=1`).
+        let mut net = p.net.as_ref().map(|n| n.lock().unwrap_or_else(|e| e.into_inner()));
         let result = match &mut net {
+            Some(net) if !p.net_all => {
+                exec::hybrid::peer_ops(net, &mut call, bound, &pops, &bufs, stream.as_ref())
+            }
             Some(net) => {
-                let bound = exec::net::Bound {
-                    kernels: &self.resources(p.rank).kernels,
-                    health: self.health(),
-                };
-                exec::net::execute(net, &p.memops, bound, &plan, &bufs, stream.as_ref(), &state.end)
+                let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), p.nranks, p2p::NET_SLOTS)
+                    .ok_or_else(|| Error::Internal {
+                        reason: format!("a network scratch too small for {} ranks", p.nranks),
+                    })?;
+                let plan = p2p::plan(p.rank, p.nranks, &pops, slot, p2p::NET_SLOTS)?;
+                exec::net::execute(net, &p.memops, bound, &plan, &bufs, stream.as_ref(), &call.state.end)
             }
             None => {
-                let mut call = exec::process::ProcessCall {
-                    me: self.resources(p.rank),
-                    state: &mut state,
-                    memops: &p.memops,
-                    health: self.health(),
-                };
+                let scratch = call.state.windows.scratch_bytes();
+                let slot = p2p::slot_bytes(scratch, p.nranks, p2p::IPC_SLOTS).ok_or_else(|| {
+                    Error::Internal {
+                        reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),
+                    }
+                })?;
+                let plan = p2p::plan(p.rank, p.nranks, &pops, slot, p2p::IPC_SLOTS)?;
                 exec::p2p::execute(&mut call, &plan, &bufs, stream.as_ref())
             }
         };

@@ -4,6 +4,8 @@
 //!
 //! * [`ring`]: a [`Prepared`](crate::plan::Prepared) schedule as one kernel launch per step,
 //!   ordered across GPUs by events;
+//! * [`process`], [`p2p`], [`net`] and [`hybrid`]: a rank of a job of processes, its peers
+//!   reached over CUDA IPC, the network, or both (ranks on several machines);
 //! * [`oneshot`]: the one-shot all-reduce, one kernel per rank, ordered by a device-side
 //!   barrier, issued from one host thread per GPU at once ([`crate::resources::rank_threads`]);
 //! * here: what both share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
@@ -27,6 +29,7 @@
 //! Nothing here blocks the host.
 
 pub mod copy_engine;
+pub mod hybrid;
 pub mod oneshot;
 pub mod net;
 pub mod p2p;

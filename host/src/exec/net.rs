@@ -62,15 +62,62 @@ pub struct Bound<'a> {
 /// How a receive combines with what the buffer holds: `dst = a ⊕ dst` with the kernels, instead
 /// of a copy.
 #[derive(Clone, Copy)]
-struct Combine<'a> {
-    kernels: &'a Kernels,
-    cap: u32,
-    dtype: DataType,
-    op: RedOp,
-    postdiv: u32,
+pub(crate) struct Combine<'a> {
+    /// The rank's kernels.
+    pub kernels: &'a Kernels,
+    /// Most blocks of the reduce kernel.
+    pub cap: u32,
+    /// The element type.
+    pub dtype: DataType,
+    /// The operator.
+    pub op: RedOp,
+    /// The divisor of this combination (avg's last).
+    pub postdiv: u32,
 }
 
-fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
+impl Combine<'_> {
+    /// Enqueues `dst = src ⊕ dst` over `bytes` on `stream`.
+    ///
+    /// # Safety
+    /// `src` and `dst` are `bytes` of device-accessible memory, alive until the kernel has
+    /// run, that nothing else writes meanwhile.
+    pub(crate) unsafe fn launch(&self, stream: &CudaStream, src: u64, dst: u64, bytes: usize) -> Result<()> {
+        let size = self.dtype.size();
+        if !bytes.is_multiple_of(size) {
+            return Err(internal(format!("a chunk of {bytes} bytes of {size}-byte elements")));
+        }
+        let prim = Prim::ReduceCopy {
+            a: src,
+            b: dst,
+            dst0: dst,
+            dst1: None,
+            postdiv: self.postdiv,
+        };
+        // SAFETY: the caller's contract; the destination equals the second source exactly.
+        unsafe { self.kernels.launch_prim(stream, self.dtype, self.op, prim, bytes / size, self.cap) }
+    }
+}
+
+/// A group of a collective ([`NetGroup`]) as a `peer_ops` group: its operations, and their
+/// buffers' addresses in the caller's `send` and `recv`.
+pub(crate) fn group_args(g: &NetGroup, send: u64, recv: u64) -> (Vec<P2pOp>, Vec<u64>) {
+    let ops = g
+        .ops
+        .iter()
+        .map(|o| P2pOp { dir: o.dir, peer: o.peer, bytes: o.bytes })
+        .collect();
+    let bufs = g
+        .ops
+        .iter()
+        .map(|o| match o.at {
+            At::Send(off) => send + off as u64,
+            At::Recv(off) => recv + off as u64,
+        })
+        .collect();
+    (ops, bufs)
+}
+
+pub(crate) fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
     if net.broken {
         return Err(internal(
             "an earlier call failed half-issued; the ranks are out of step: destroy the \
@@ -86,7 +133,7 @@ fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
 }
 
 /// One group: hands the proxy its program, enqueues it, counts its signals.
-fn group(
+pub(crate) fn group(
     net: &mut NetRank,
     ops: &MemOps,
     bound: Bound<'_>,
@@ -159,19 +206,7 @@ pub fn collective(
         .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
     let slot = p2p::net_chunk(max_slot, unit_bytes);
     for g in groups {
-        let group_ops: Vec<P2pOp> = g
-            .ops
-            .iter()
-            .map(|o| P2pOp { dir: o.dir, peer: o.peer, bytes: o.bytes })
-            .collect();
-        let bufs: Vec<u64> = g
-            .ops
-            .iter()
-            .map(|o| match o.at {
-                At::Send(off) => send + off as u64,
-                At::Recv(off) => recv + off as u64,
-            })
-            .collect();
+        let (group_ops, bufs) = group_args(g, send, recv);
         let plan = p2p::plan(r, n, &group_ops, slot, p2p::NET_SLOTS)?;
         let combine = g.reduce.then_some(Combine {
             kernels: bound.kernels,
@@ -245,21 +280,10 @@ fn issue(
             } if combine.is_some() => {
                 let (src, dst) = (addr(from, bytes)?, addr(to, bytes)?);
                 if let Some(c) = combine {
-                    let size = c.dtype.size();
-                    if bytes % size != 0 {
-                        return Err(internal(format!("a chunk of {bytes} bytes of {size}-byte elements")));
-                    }
-                    let prim = Prim::ReduceCopy {
-                        a: src,
-                        b: dst,
-                        dst0: dst,
-                        dst1: None,
-                        postdiv: c.postdiv,
-                    };
                     // SAFETY: `src` is inside this rank's mapped inbox and `dst` inside the
-                    // caller's validated buffer (checked above), `bytes / size` elements each;
-                    // the destination equals the second source exactly.
-                    unsafe { c.kernels.launch_prim(stream, c.dtype, c.op, prim, bytes / size, c.cap)? };
+                    // caller's validated buffer (checked above); the plan's signals keep the
+                    // inbox slot from being rewritten before the kernel has read it.
+                    unsafe { c.launch(stream, src, dst, bytes)? };
                 }
             }
             Action::Copy { from, to, bytes } => {

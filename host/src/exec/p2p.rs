@@ -10,6 +10,7 @@
 
 use cudarc::driver::CudaStream;
 
+use super::net::Combine;
 use super::process::ProcessCall;
 use super::{internal, record, wait};
 use crate::plan::p2p::{Action, P2pPlan, Place};
@@ -24,8 +25,37 @@ pub fn execute(
     bufs: &[u64],
     stream: &CudaStream,
 ) -> Result<()> {
-    let (r, n) = (call.state.rank, call.state.sent.len());
+    let r = call.state.rank;
     call.health.check()?;
+    if plan.actions.is_empty() {
+        return Ok(());
+    }
+    begin(call, stream)?;
+    group(call, plan, bufs, stream, None)?;
+    record(&call.state.end, stream, r)
+}
+
+/// Orders `stream` after this rank's previous call (its context made current first).
+pub(crate) fn begin(call: &ProcessCall<'_>, stream: &CudaStream) -> Result<()> {
+    let r = call.state.rank;
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
+    wait(stream, &call.state.end, r)
+}
+
+/// One group on `stream`, after whatever the caller enqueued there: its copies, signals and
+/// waits, with the receives combined into their buffers by `combine` if given (a collective's
+/// reducing group); then counts its signals.
+pub(crate) fn group(
+    call: &mut ProcessCall<'_>,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+    combine: Option<Combine<'_>>,
+) -> Result<()> {
+    let (r, n) = (call.state.rank, call.state.sent.len());
     if plan.sent.len() != n || plan.received.len() != n || r >= n {
         return Err(internal(format!(
             "rank {r} of {n}: a point-to-point plan for {} ranks",
@@ -42,7 +72,7 @@ pub fn execute(
             plan.slot
         )));
     }
-    if let Err(cause) = issue(call, plan, bufs, stream) {
+    if let Err(cause) = issue(call, plan, bufs, stream, combine) {
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
         // agree. The communicator is failed; its abort word ends the waits already enqueued.
         let e = Error::PartlyEnqueued {
@@ -59,7 +89,13 @@ pub fn execute(
     Ok(())
 }
 
-fn issue(call: &ProcessCall<'_>, plan: &P2pPlan, bufs: &[u64], stream: &CudaStream) -> Result<()> {
+fn issue(
+    call: &ProcessCall<'_>,
+    plan: &P2pPlan,
+    bufs: &[u64],
+    stream: &CudaStream,
+    combine: Option<Combine<'_>>,
+) -> Result<()> {
     let r = call.state.rank;
     let scratch = call.state.windows.scratch();
     let addr = |p: Place| -> Result<u64> {
@@ -70,15 +106,24 @@ fn issue(call: &ProcessCall<'_>, plan: &P2pPlan, bufs: &[u64], stream: &CudaStre
         base.and_then(|b| b.checked_add(offset as u64))
             .ok_or_else(|| internal(format!("no address for {p:?}")))
     };
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
-    wait(stream, &call.state.end, r)?;
     for a in &plan.actions {
         match *a {
             Action::Signal { peer, k } => call.send(stream, Signal { peer, k })?,
             Action::Wait { peer, k, .. } => call.wait_for(stream, Signal { peer, k })?,
+            Action::Copy {
+                from: from @ Place::Scratch { rank, .. },
+                to: to @ Place::Op { .. },
+                bytes,
+            } if rank == r && combine.is_some() => {
+                let (src, dst) = (addr(from)?, addr(to)?);
+                if let Some(c) = combine {
+                    // SAFETY: `src` is `bytes` of this rank's scratch (inside its slot, the
+                    // slots inside the scratch: checked above) and `dst` `bytes` of the
+                    // caller's validated buffer; the plan's signals keep the slot from being
+                    // rewritten before the kernel has read it.
+                    unsafe { c.launch(stream, src, dst, bytes)? };
+                }
+            }
             Action::Copy { from, to, bytes } => {
                 let (src, dst) = (addr(from)?, addr(to)?);
                 // SAFETY: `src` and `dst` are `bytes` within the caller's validated buffers or a
@@ -93,5 +138,5 @@ fn issue(call: &ProcessCall<'_>, plan: &P2pPlan, bufs: &[u64], stream: &CudaStre
             }
         }
     }
-    record(&call.state.end, stream, r)
+    Ok(())
 }

@@ -283,5 +283,262 @@ pub fn groups(
     out
 }
 
+/// The ranks of each machine of a job (by the machine identifiers the ranks published,
+/// [`crate::transport::ipc::machine_id`]), machines in the order of their lowest rank.
+///
+/// ```
+/// use ringccl::internals::plan::net::Machines;
+/// let m = Machines::new(&[7, 7, 9, 9]);
+/// assert_eq!(m.ranks(), &[vec![0, 1], vec![2, 3]]);
+/// assert_eq!(m.per_machine(), Some(2));
+/// assert_eq!(Machines::new(&[7, 7, 9]).per_machine(), None); // uneven
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Machines {
+    ranks: Vec<Vec<usize>>,
+}
+
+impl Machines {
+    /// Groups ranks `0..ids.len()` by `ids[rank]`.
+    pub fn new(ids: &[u64]) -> Self {
+        let mut seen: Vec<u64> = Vec::new();
+        let mut ranks: Vec<Vec<usize>> = Vec::new();
+        for (r, id) in ids.iter().enumerate() {
+            match seen.iter().position(|s| s == id) {
+                Some(m) => ranks[m].push(r),
+                None => {
+                    seen.push(*id);
+                    ranks.push(vec![r]);
+                }
+            }
+        }
+        Machines { ranks }
+    }
+
+    /// The ranks of each machine, in rank order.
+    pub fn ranks(&self) -> &[Vec<usize>] {
+        &self.ranks
+    }
+
+    /// The ranks per machine when the hierarchical all-reduce applies: at least two machines,
+    /// each with the same number of ranks, at least two.
+    pub fn per_machine(&self) -> Option<usize> {
+        let k = self.ranks.first()?.len();
+        (self.ranks.len() >= 2 && k >= 2 && self.ranks.iter().all(|m| m.len() == k)).then_some(k)
+    }
+
+    /// Rank `r`'s machine and its index among that machine's ranks.
+    fn place(&self, r: usize) -> Option<(usize, usize)> {
+        self.ranks
+            .iter()
+            .enumerate()
+            .find_map(|(m, rs)| rs.iter().position(|&q| q == r).map(|i| (m, i)))
+    }
+}
+
+/// Rank `me`'s groups of a hierarchical all-reduce of `count` elements of `size` bytes across
+/// `machines`, or `None` where it does not apply ([`Machines::per_machine`]). With `k` ranks
+/// per machine and `M` machines, the output is cut into `k` shards (shard `j` is elements
+/// `j·count/k .. (j+1)·count/k`), and the rank with index `i` on its machine:
+/// 1. (out of place) copies its input to its output;
+/// 2. reduce-scatters inside its machine: at step `s` = 1 … k − 1 it sends shard `i + s` to the
+///    machine's rank of index `i + s` and combines the machine's rank of index `i − s`'s copy
+///    of shard `i` into its own: shard `i` then holds the machine's sum;
+/// 3. all-reduces shard `i` across machines with the ranks of index `i` on the other machines,
+///    as a ring ([`ring_groups`]; avg divides by the job's rank count in its last reduction):
+///    the only traffic between machines, `2 (M − 1) / M` of a shard per rank;
+/// 4. all-gathers the shards inside its machine (one group).
+///
+/// Every group's peers are either all on `me`'s machine or all on others, so a group runs over
+/// one transport (CUDA IPC inside a machine, the network between machines).
+///
+/// ```
+/// use ringccl::internals::plan::net::{hierarchical_all_reduce, Machines};
+/// let m = Machines::new(&[1, 1, 2, 2]);
+/// let g = hierarchical_all_reduce(0, &m, 1000, 4, true).expect("two machines of two ranks");
+/// // One reduce-scatter step, two ring steps across machines, one all-gather.
+/// assert_eq!(g.len(), 4);
+/// assert!(g[1].ops.iter().all(|o| o.peer == 2)); // across: the rank of index 0 on machine 1
+/// ```
+pub fn hierarchical_all_reduce(
+    me: usize,
+    machines: &Machines,
+    count: usize,
+    size: usize,
+    in_place: bool,
+) -> Option<Vec<NetGroup>> {
+    let k = machines.per_machine()?;
+    let (m, i) = machines.place(me)?;
+    let nmach = machines.ranks.len();
+    let n = nmach * k;
+    let local = &machines.ranks[m];
+    let b = |elems: usize| elems.saturating_mul(size);
+    let shard = |j: usize| (j * count / k, (j + 1) * count / k - j * count / k);
+    let mut out = Vec::new();
+    if !in_place && count > 0 {
+        out.push(NetGroup::copies(local_copy(me, b(count))));
+    }
+    let (mine_at, mine_len) = shard(i);
+    for s in 1..k {
+        let (to, from) = ((i + s) % k, (i + k - s) % k);
+        let (to_at, to_len) = shard(to);
+        out.push(NetGroup {
+            ops: vec![
+                send(local[to], b(to_len), At::Recv(b(to_at))),
+                recv(local[from], b(mine_len), At::Recv(b(mine_at))),
+            ],
+            reduce: true,
+            postdiv: 1,
+        });
+    }
+    let across: Vec<usize> = machines.ranks.iter().map(|rs| rs[i]).collect();
+    let (next, prev) = (across[(m + 1) % nmach], across[(m + nmach - 1) % nmach]);
+    for g in ring_groups(m, nmach, mine_len) {
+        let ((so, sl), (ro, rl)) = (g.send, g.recv);
+        out.push(NetGroup {
+            ops: vec![
+                send(next, b(sl), At::Recv(b(mine_at + so))),
+                recv(prev, b(rl), At::Recv(b(mine_at + ro))),
+            ],
+            reduce: g.reduce,
+            postdiv: if g.reduce && g.last { n as u32 } else { 1 },
+        });
+    }
+    let mut gather = Vec::new();
+    for (j, &q) in local.iter().enumerate() {
+        if j != i {
+            let (at, len) = shard(j);
+            gather.push(send(q, b(mine_len), At::Recv(b(mine_at))));
+            gather.push(recv(q, b(len), At::Recv(b(at))));
+        }
+    }
+    out.push(NetGroup::copies(gather));
+    out.retain(|g| g.ops.iter().any(|o| o.bytes > 0));
+    Some(out)
+}
+
+/// Rank `me`'s groups of the collective `kind` across `machines` where a hierarchical form
+/// exists and applies ([`Machines::per_machine`]), else `None` (the caller uses the flat
+/// [`groups`]). Arguments as for [`groups`]:
+///
+/// | collective | hierarchical form | traffic between machines, per rank |
+/// | --- | --- | --- |
+/// | all-reduce | [`hierarchical_all_reduce`] | `2 (M − 1) / M · count / k` against `2 (n − 1) / n · count` |
+/// | all-gather | the ranks of index `i` of every machine exchange their blocks (one group), then each rank hands the `M` blocks it holds to its machine's other ranks (one group) | `(M − 1)` blocks against `(n − k)` |
+/// | broadcast | the root sends to its machine's ranks and to the rank of its own index on every other machine, which then forwards to its machine's ranks | the root's `M − 1` copies against `n − k` |
+///
+/// The others (reduce-scatter and reduce would need a buffer for partial sums that their
+/// non-root ranks do not pass; all-to-all moves the same bytes either way) are flat.
+///
+/// ```
+/// use ringccl::internals::plan::net::{hierarchical, Machines};
+/// use ringccl::CollectiveKind;
+/// let m = Machines::new(&[1, 1, 2, 2]);
+/// // Broadcast from rank 0: rank 3 (index 1 on machine 1) hears from rank 2, its machine's
+/// // rank of the root's index, not from the root.
+/// let g = hierarchical((CollectiveKind::Broadcast, 100, 0), 3, &m, 4, false).expect("applies");
+/// assert_eq!(g.len(), 1);
+/// assert_eq!(g[0].ops[0].peer, 2);
+/// ```
+pub fn hierarchical(
+    (kind, count, root): (Kind, usize, usize),
+    me: usize,
+    machines: &Machines,
+    size: usize,
+    in_place: bool,
+) -> Option<Vec<NetGroup>> {
+    machines.per_machine()?;
+    let (m, i) = machines.place(me)?;
+    let b = |elems: usize| elems.saturating_mul(size);
+    let here = &machines.ranks[m];
+    let mut out = Vec::new();
+    match kind {
+        Kind::AllReduce => return hierarchical_all_reduce(me, machines, count, size, in_place),
+        Kind::AllGather => {
+            let c = count;
+            let across: Vec<usize> = machines.ranks.iter().map(|rs| rs[i]).collect();
+            let mut first = Vec::new();
+            if !in_place {
+                first.extend(local(me, b(c), At::Send(0), At::Recv(b(me * c))));
+            }
+            for &q in across.iter().filter(|&&q| q != me) {
+                first.push(send(q, b(c), At::Send(0)));
+                first.push(recv(q, b(c), At::Recv(b(q * c))));
+            }
+            out.push(NetGroup::copies(first));
+            let mut inside = Vec::new();
+            for (j, &q) in here.iter().enumerate() {
+                if j == i {
+                    continue;
+                }
+                for rs in &machines.ranks {
+                    let (mine, theirs) = (rs[i], rs[j]);
+                    inside.push(send(q, b(c), At::Recv(b(mine * c))));
+                    inside.push(recv(q, b(c), At::Recv(b(theirs * c))));
+                }
+            }
+            out.push(NetGroup::copies(inside));
+        }
+        Kind::Broadcast => {
+            let (rm, ri) = machines.place(root)?;
+            let leader = here[ri];
+            let mut ops = Vec::new();
+            if me == root {
+                if !in_place {
+                    ops.extend(local(me, b(count), At::Send(0), At::Recv(0)));
+                }
+                ops.extend(here.iter().filter(|&&q| q != me).map(|&q| send(q, b(count), At::Send(0))));
+                ops.extend(
+                    (0..machines.ranks.len())
+                        .filter(|&o| o != rm)
+                        .map(|o| send(machines.ranks[o][ri], b(count), At::Send(0))),
+                );
+                out.push(NetGroup::copies(ops));
+            } else if me == leader {
+                // A machine's rank of the root's index: hears from the root, then forwards.
+                out.push(NetGroup::copies(vec![recv(root, b(count), At::Recv(0))]));
+                out.push(NetGroup::copies(
+                    here.iter().filter(|&&q| q != me).map(|&q| send(q, b(count), At::Recv(0))).collect(),
+                ));
+            } else {
+                out.push(NetGroup::copies(vec![recv(leader, b(count), At::Recv(0))]));
+            }
+        }
+        _ => return None,
+    }
+    out.retain(|g| g.ops.iter().any(|o| o.bytes > 0));
+    Some(out)
+}
+
+/// The input copied to the output, whole.
+fn local_copy(me: usize, bytes: usize) -> Vec<NetOp> {
+    local(me, bytes, At::Send(0), At::Recv(0)).to_vec()
+}
+
+/// Splits `g` into the part of its transfers with ranks of this machine (and local copies) and
+/// the part with ranks that `remote(peer)` says are on other machines: the executor runs the
+/// first over CUDA IPC, then the second over the network. Each part keeps the group's
+/// combination. Every rank splits its groups the same way, so each pair still meets in the
+/// same part of the same group, and the parts of a group run in the same order everywhere.
+///
+/// ```
+/// use ringccl::internals::plan::net::{groups, split};
+/// use ringccl::CollectiveKind;
+/// // All-gather on rank 0 of 4, where ranks 2 and 3 are on another machine.
+/// let g = &groups((CollectiveKind::AllGather, 8, 0), (0, 4), 4, false)[0];
+/// let [near, far] = split(g, |q| q >= 2);
+/// assert!(near.ops.iter().all(|o| o.peer < 2));
+/// assert!(far.ops.iter().all(|o| o.peer >= 2));
+/// assert_eq!(near.ops.len() + far.ops.len(), g.ops.len());
+/// ```
+pub fn split(g: &NetGroup, remote: impl Fn(usize) -> bool) -> [NetGroup; 2] {
+    let part = |far: bool| NetGroup {
+        ops: g.ops.iter().copied().filter(|o| remote(o.peer) == far).collect(),
+        reduce: g.reduce,
+        postdiv: g.postdiv,
+    };
+    [part(false), part(true)]
+}
+
 #[cfg(test)]
 mod tests;

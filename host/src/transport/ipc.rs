@@ -94,13 +94,24 @@ impl Published {
     }
 }
 
-/// An identifier of this machine's current boot (ranks on one machine share it): CUDA IPC
-/// works only between processes of one machine.
-fn machine_id() -> u64 {
+/// The identifier of the machine a rank counts as on: a hash of `host_id` if given
+/// ([`crate::Config::host_id`]), else of this machine's current boot id (ranks on one machine
+/// share it). CUDA IPC works only between processes of one machine; ranks whose identifiers
+/// differ are reached only over the network.
+///
+/// ```
+/// use ringccl::internals::transport::ipc::machine_id;
+/// assert_eq!(machine_id(None), machine_id(None));
+/// assert_ne!(machine_id(Some("node-a")), machine_id(Some("node-b")));
+/// ```
+pub fn machine_id(host_id: Option<&str>) -> u64 {
     use std::hash::{Hash, Hasher};
-    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
-        .unwrap_or_default();
+    let id = match host_id {
+        Some(id) => format!("host-id:{id}"),
+        None => std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .or_else(|_| std::fs::read_to_string("/etc/machine-id"))
+            .unwrap_or_default(),
+    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     id.trim().hash(&mut h);
     h.finish()
@@ -127,6 +138,8 @@ struct Shared {
     reach: Vec<Reach>,
     /// Every rank's buffer address in this process.
     addr: Vec<u64>,
+    /// Every rank's machine identifier ([`machine_id`]).
+    machines: Vec<u64>,
 }
 
 impl Shared {
@@ -137,13 +150,13 @@ impl Shared {
         rank: usize,
         bytes: usize,
         ex: &dyn Exchange,
-        remote_ok: bool,
+        (machine, remote_ok): (u64, bool),
     ) -> Result<Self> {
         let r = Some(rank);
         let own = DeviceAlloc::zeroed(ctx, bytes, r)?;
         let mine = Published {
             pid: std::process::id(),
-            machine: machine_id(),
+            machine,
             ordinal: ctx.ordinal() as u32,
             ptr: own.ptr(),
             bytes: own.bytes() as u64,
@@ -152,8 +165,10 @@ impl Shared {
         let all = ex.all_gather(&mine.encode())?;
         let mut reach = Vec::with_capacity(all.len());
         let mut addr = Vec::with_capacity(all.len());
+        let mut machines = Vec::with_capacity(all.len());
         for (q, b) in all.iter().enumerate() {
             let p = Published::decode(b, q)?;
+            machines.push(p.machine);
             if q == rank {
                 reach.push(Reach::Own);
                 addr.push(own.ptr());
@@ -195,7 +210,12 @@ impl Shared {
                 reach.push(Reach::Mapped { _mapping: m });
             }
         }
-        Ok(Shared { own, reach, addr })
+        Ok(Shared {
+            own,
+            reach,
+            addr,
+            machines,
+        })
     }
 }
 
@@ -206,20 +226,22 @@ pub struct Windows {
     rank: usize,
     flags: Shared,
     scratch: Shared,
-    /// Ranks on other machines are allowed (left unmapped).
-    remote_ok: bool,
+    /// This rank's machine identifier, and whether ranks on other machines are allowed (left
+    /// unmapped).
+    locality: (u64, bool),
 }
 
 impl Windows {
     /// Allocates this rank's flag area and first scratch and maps every peer's (collective).
-    /// Ranks on other machines are an error, unless `remote_ok`: then they are left unmapped
-    /// ([`Windows::remote_peer`]), for the network transport to reach.
+    /// `machine` is this rank's machine identifier ([`machine_id`]); ranks with another one are
+    /// an error, unless `remote_ok`: then they are left unmapped ([`Windows::remote_peer`]),
+    /// for the network transport to reach.
     pub fn connect(
         ctx: &Arc<CudaContext>,
         rank: usize,
         nranks: usize,
         ex: &dyn Exchange,
-        remote_ok: bool,
+        (machine, remote_ok): (u64, bool),
     ) -> Result<Self> {
         if nranks > MAX_PROCESS_RANKS {
             return Err(Error::invalid(
@@ -228,8 +250,9 @@ impl Windows {
                 format!("{nranks} ranks: a communicator of processes has at most {MAX_PROCESS_RANKS}"),
             ));
         }
-        let flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, remote_ok)?;
-        let scratch = Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, remote_ok)?;
+        let locality = (machine, remote_ok);
+        let flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, locality)?;
+        let scratch = Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, locality)?;
         if flags.addr.len() != nranks || scratch.addr.len() != nranks {
             return Err(Error::Internal {
                 reason: format!("{} ranks answered the exchange, not {nranks}", flags.addr.len()),
@@ -240,13 +263,23 @@ impl Windows {
             rank,
             flags,
             scratch,
-            remote_ok,
+            locality,
         })
     }
 
     /// The first rank this process cannot map (on another machine), if any.
     pub fn remote_peer(&self) -> Option<usize> {
         self.scratch.reach.iter().position(|r| matches!(r, Reach::Remote))
+    }
+
+    /// Whether rank `q` is on another machine (reached only over the network).
+    pub fn is_remote(&self, q: usize) -> bool {
+        matches!(self.scratch.reach.get(q), Some(Reach::Remote))
+    }
+
+    /// Every rank's machine identifier, in rank order (the same list on every rank).
+    pub fn machines(&self) -> &[u64] {
+        &self.flags.machines
     }
 
     /// The address, in this process, of the flag word rank `from` signals rank `to` with.
@@ -279,7 +312,7 @@ impl Windows {
             return Ok(());
         }
         let target = bytes.next_power_of_two().max(MIN_SCRATCH_BYTES);
-        let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.remote_ok)?;
+        let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.locality)?;
         let Shared { own, reach, .. } = std::mem::replace(&mut self.scratch, new);
         // Close this process's mappings of the old buffers, wait until every rank has, then
         // free the old buffer.
@@ -311,7 +344,9 @@ mod tests {
     }
 
     #[test]
-    fn the_machine_id_is_stable() {
-        assert_eq!(machine_id(), machine_id());
+    fn the_machine_id_is_stable_and_a_host_id_replaces_it() {
+        assert_eq!(machine_id(None), machine_id(None));
+        assert_eq!(machine_id(Some("a")), machine_id(Some("a")));
+        assert_ne!(machine_id(Some("a")), machine_id(None));
     }
 }

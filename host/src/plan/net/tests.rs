@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 
 use gpu_kernels::op::RedOp;
 
-use super::{groups, ring_groups, At, NetGroup, RingGroup};
+use super::{groups, hierarchical, hierarchical_all_reduce, ring_groups, split, At, Machines, NetGroup, RingGroup};
 use crate::api::collective::Collective;
 use crate::plan::p2p::Dir;
 use crate::schedule::Layout;
@@ -94,7 +94,8 @@ fn run(all: &[Vec<NetGroup>], mems: &mut [Mem], op: RedOp) {
                     if !ready {
                         continue;
                     }
-                    for o in g.ops.iter().filter(|o| o.dir == Dir::Recv) {
+                    // A transfer of 0 bytes is no transfer (as in the point-to-point plans).
+                    for o in g.ops.iter().filter(|o| o.dir == Dir::Recv && o.bytes > 0) {
                         let at = mems[r].at(o.at);
                         let q = chan.get_mut(&(o.peer, r)).expect("checked above");
                         for i in 0..o.bytes / SIZE {
@@ -260,5 +261,183 @@ fn ring_groups_reduce_everything_once() {
                 assert!(have.iter().flatten().all(|&x| x == (1u64 << n) - 1), "n {n} count {count}");
             }
         }
+    }
+}
+
+/// Machine identifiers of `nmach` machines of `k` ranks each, the ranks dealt to the machines
+/// in turn when `interleaved` (rank r on machine r % nmach), else in blocks.
+fn machine_ids(nmach: usize, k: usize, interleaved: bool) -> Vec<u64> {
+    (0..nmach * k)
+        .map(|r| if interleaved { r % nmach } else { r / k } as u64 + 100)
+        .collect()
+}
+
+/// Each group split into its part inside the machine and its part across machines, as the
+/// executor runs them (the first, then the second).
+fn split_all(all: &[Vec<NetGroup>], ids: &[u64]) -> Vec<Vec<NetGroup>> {
+    all.iter()
+        .enumerate()
+        .map(|(r, gs)| gs.iter().flat_map(|g| split(g, |q| ids[q] != ids[r])).collect())
+        .collect()
+}
+
+#[test]
+fn hierarchical_all_reduce_is_an_all_reduce_and_each_group_stays_on_one_side() {
+    let mut cases = 0;
+    for (nmach, k) in [(2, 2), (2, 3), (3, 2), (4, 2), (2, 4)] {
+        for interleaved in [false, true] {
+            let ids = machine_ids(nmach, k, interleaved);
+            let machines = Machines::new(&ids);
+            assert_eq!(machines.per_machine(), Some(k));
+            let n = nmach * k;
+            for count in [0usize, 1, 3, 7, 64, 1001] {
+                for in_place in [false, true] {
+                    for op in RedOp::ALL {
+                        OP.with(|o| o.set(op));
+                        let c = Collective::AllReduce { count };
+                        let mut mems: Vec<Mem> =
+                            (0..n).map(|r| layout_mem(c, r, n, in_place, (count * 7 + n) as u32)).collect();
+                        let input: Vec<Vec<u32>> =
+                            mems.iter().map(|m| m.data[m.send..m.send + m.send_len].to_vec()).collect();
+                        let all: Vec<Vec<NetGroup>> = (0..n)
+                            .map(|r| hierarchical_all_reduce(r, &machines, count, SIZE, in_place).expect("applies"))
+                            .collect();
+                        for (r, gs) in all.iter().enumerate() {
+                            for g in gs {
+                                let sides: Vec<bool> =
+                                    g.ops.iter().filter(|o| o.peer != r).map(|o| ids[o.peer] != ids[r]).collect();
+                                assert!(sides.windows(2).all(|w| w[0] == w[1]), "rank {r}: a mixed group {g:?}");
+                            }
+                        }
+                        run(&split_all(&all, &ids), &mut mems, op);
+                        let want = expected(c, 0, n, &input).expect("all-reduce");
+                        for (r, m) in mems.iter().enumerate() {
+                            let ctx = format!("{nmach}x{k} interleaved {interleaved} count {count} rank {r} {op:?}");
+                            assert_eq!(&m.data[m.recv..m.recv + m.recv_len], &want[..], "{ctx}");
+                            if !in_place {
+                                assert_eq!(&m.data[m.send..m.send + m.send_len], &input[r][..], "{ctx}: input changed");
+                            }
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases >= 500, "{cases} cases");
+}
+
+#[test]
+fn hierarchical_all_reduce_moves_a_kth_of_the_flat_ring_across_machines() {
+    let (nmach, k, count) = (2, 4, 1 << 20);
+    let ids = machine_ids(nmach, k, false);
+    let machines = Machines::new(&ids);
+    let n = nmach * k;
+    let across = |gs: &[NetGroup], r: usize| -> usize {
+        gs.iter()
+            .flat_map(|g| &g.ops)
+            .filter(|o| o.dir == Dir::Send && ids[o.peer] != ids[r])
+            .map(|o| o.bytes)
+            .sum()
+    };
+    let hier = across(&hierarchical_all_reduce(0, &machines, count, SIZE, false).expect("applies"), 0);
+    // Rank 3 is the one rank of machine 0 whose ring neighbour (rank 4) is on machine 1.
+    let flat = across(&groups((crate::kind::CollectiveKind::AllReduce, count, 0), (3, n), SIZE, false), 3);
+    // The shard's ring across 2 machines: 2 (M − 1) / M of count / k elements.
+    assert_eq!(hier, count / k * SIZE);
+    assert_eq!(flat, 2 * (n - 1) * count / n * SIZE);
+}
+
+#[test]
+fn uneven_or_single_machines_have_no_hierarchical_all_reduce() {
+    for ids in [vec![1, 1, 2], vec![1, 1, 1, 1], vec![1, 2, 3], vec![]] {
+        assert!(hierarchical_all_reduce(0, &Machines::new(&ids), 10, 4, false).is_none(), "{ids:?}");
+    }
+    // A rank outside the job.
+    assert!(hierarchical_all_reduce(9, &Machines::new(&[1, 1, 2, 2]), 10, 4, false).is_none());
+}
+
+#[test]
+fn every_collective_split_by_machine_still_completes() {
+    // The flat groups of every collective, each split into its part inside the machine and its
+    // part across, as the executor runs them when some ranks are on other machines.
+    for (nmach, k) in [(2, 2), (3, 2), (2, 3)] {
+        let ids = machine_ids(nmach, k, true);
+        let n = nmach * k;
+        for count in [1usize, 5] {
+            for root in [0, n - 1] {
+                for (ci, c) in all_collectives(count, root).into_iter().enumerate() {
+                    let op = RedOp::ALL[(ci + count) % 5];
+                    OP.with(|o| o.set(op));
+                    let mut mems: Vec<Mem> = (0..n).map(|r| layout_mem(c, r, n, false, ci as u32)).collect();
+                    let input: Vec<Vec<u32>> = mems.iter().map(|m| m.data[m.send..m.send + m.send_len].to_vec()).collect();
+                    let all: Vec<Vec<NetGroup>> =
+                        (0..n).map(|r| groups((c.kind(), c.count(), root), (r, n), SIZE, false)).collect();
+                    run(&split_all(&all, &ids), &mut mems, op);
+                    for (r, m) in mems.iter().enumerate() {
+                        if let Some(want) = expected(c, r, n, &input) {
+                            assert_eq!(&m.data[m.recv..m.recv + m.recv_len], &want[..], "{c:?} {nmach}x{k} rank {r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hierarchical_all_gather_and_broadcast_are_correct_and_cross_less() {
+    use crate::kind::CollectiveKind as K;
+    let mut cases = 0;
+    for (nmach, k) in [(2, 2), (2, 3), (3, 2), (4, 2)] {
+        for interleaved in [false, true] {
+            let ids = machine_ids(nmach, k, interleaved);
+            let machines = Machines::new(&ids);
+            let n = nmach * k;
+            for count in [1usize, 3, 64] {
+                for root in 0..n {
+                    for c in [Collective::AllGather { sendcount: count }, Collective::Broadcast { count, root }] {
+                        if matches!(c, Collective::AllGather { .. }) && root > 0 {
+                            continue;
+                        }
+                        for in_place in [false, true] {
+                            let mut mems: Vec<Mem> =
+                                (0..n).map(|r| layout_mem(c, r, n, in_place, (count + root) as u32)).collect();
+                            let input: Vec<Vec<u32>> =
+                                mems.iter().map(|m| m.data[m.send..m.send + m.send_len].to_vec()).collect();
+                            let what = (c.kind(), c.count(), root);
+                            let all: Vec<Vec<NetGroup>> = (0..n)
+                                .map(|r| hierarchical(what, r, &machines, SIZE, in_place).expect("applies"))
+                                .collect();
+                            run(&split_all(&all, &ids), &mut mems, RedOp::Sum);
+                            for (r, m) in mems.iter().enumerate() {
+                                let want = expected(c, r, n, &input).expect("defined on every rank");
+                                let ctx = format!("{c:?} {nmach}x{k} interleaved {interleaved} rank {r} in place {in_place}");
+                                assert_eq!(&m.data[m.recv..m.recv + m.recv_len], &want[..], "{ctx}");
+                            }
+                            // Bytes that cross machines: each rank's all-gather block once per
+                            // other machine; a broadcast's data once per other machine.
+                            let crossing: usize = all
+                                .iter()
+                                .enumerate()
+                                .flat_map(|(r, gs)| gs.iter().flat_map(move |g| g.ops.iter().map(move |o| (r, *o))))
+                                .filter(|(r, o)| o.dir == Dir::Send && ids[o.peer] != ids[*r])
+                                .map(|(_, o)| o.bytes)
+                                .sum();
+                            let per = count * SIZE * (nmach - 1);
+                            let want = if c.kind() == K::AllGather { n * per } else { per };
+                            assert_eq!(crossing, want, "{c:?} {nmach}x{k}");
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 300, "{cases} cases");
+    // Where no hierarchical form exists, the flat groups are used.
+    let m = Machines::new(&[1, 1, 2, 2]);
+    for kind in [K::ReduceScatter, K::Reduce, K::AllToAll, K::Gather, K::Scatter, K::SendRecv] {
+        assert!(hierarchical((kind, 4, 0), 0, &m, SIZE, false).is_none(), "{kind:?}");
     }
 }
