@@ -14,16 +14,12 @@ use cudarc::driver::CudaStream;
 use super::net::{self as netx, Bound, Combine};
 use super::p2p as ipcx;
 use super::process::ProcessCall;
-use super::record;
+use super::{internal, record};
 use crate::dtype::DataType;
 use crate::plan::net::{split, NetGroup};
 use crate::plan::p2p::{self, P2pOp};
 use crate::transport::net::NetRank;
-use crate::{Error, RedOp, Result};
-
-fn internal(reason: String) -> Error {
-    Error::Internal { reason }
-}
+use crate::{RedOp, Result};
 
 /// The chunk sizes of the two transports for a call of `unit_bytes` (the same on every rank):
 /// the IPC slot of the mapped scratch, and the network's chunk ([`p2p::net_chunk`]; the whole

@@ -12,7 +12,7 @@
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use gpu_kernels::op::RedOp;
 
-use super::{record, wait};
+use super::{internal, record, wait};
 use crate::driver::ipc::MemOps;
 use crate::driver::launch::{Prim, WaitArgs};
 use crate::driver::Kernels;
@@ -23,10 +23,6 @@ use crate::plan::p2p::{self, Action, P2pOp, P2pPlan, Place};
 use crate::transport::net::proxy::{Chunk, Outgoing};
 use crate::transport::net::{outbox_offset, NetMem, NetRank};
 use crate::{Error, Result};
-
-fn internal(reason: String) -> Error {
-    Error::Internal { reason }
-}
 
 /// Enqueues `plan` on `stream`; `bufs[i]` is the device address of the buffer of the plan's
 /// operation `i` (validated by the caller to hold the operation's bytes). The group starts after
