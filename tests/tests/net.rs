@@ -17,7 +17,7 @@ use ringccl::bootstrap::Bootstrap;
 use ringccl::internals::driver::ipc::MemOps;
 use ringccl::internals::driver::Kernels;
 use ringccl::internals::exec::net::{execute, Bound};
-use ringccl::internals::plan::p2p::{plan, slot_bytes, Dir, P2pOp, NET_SLOTS};
+use ringccl::internals::plan::p2p::{Dir, P2pOp};
 use ringccl::internals::resources::Health;
 use ringccl::internals::transport::net::pinned::pinned;
 use ringccl::internals::transport::net::proxy::{NetOptions, Proxy};
@@ -68,7 +68,6 @@ fn net_rank() {
         kernels: &kernels,
         health: &health,
     };
-    let slot = slot_bytes(SCRATCH, n, NET_SLOTS).expect("a slot");
     let peer = 1 - r;
     for bytes in [1usize, 4096, 1 << 20, 8 << 20, 64 << 20] {
         let send = stream
@@ -87,7 +86,6 @@ fn net_rank() {
                 bytes,
             },
         ];
-        let p = plan(r, n, &group, slot, NET_SLOTS).expect("a plan");
         let reps = if bytes >= 1 << 20 { 5 } else { 20 };
         let mut best = f64::MAX;
         for _ in 0..reps {
@@ -96,7 +94,7 @@ fn net_rank() {
             {
                 let (s, _g1) = send.device_ptr(&stream);
                 let (d, _g2) = recv.device_ptr(&stream);
-                execute(&mut net, &ops, bound, &p, &[s, d], &stream, &end).expect("enqueued");
+                execute(&mut net, &ops, bound, &group, &[s, d], &stream, &end).expect("enqueued");
             }
             stream.synchronize().expect("synchronized");
             if let Some(e) = net.proxy.error() {

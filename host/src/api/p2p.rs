@@ -440,12 +440,7 @@ impl Communicator {
                 exec::hybrid::peer_ops(net, &mut call, bound, &pops, &bufs, stream.as_ref())
             }
             Some(net) => {
-                let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), p.nranks, p2p::NET_SLOTS)
-                    .ok_or_else(|| Error::Internal {
-                        reason: format!("a network scratch too small for {} ranks", p.nranks),
-                    })?;
-                let plan = p2p::plan(p.rank, p.nranks, &pops, slot, p2p::NET_SLOTS)?;
-                exec::net::execute(net, &p.memops, bound, &plan, &bufs, stream.as_ref(), &call.state.end)
+                exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &call.state.end)
             }
             None => {
                 let scratch = call.state.windows.scratch_bytes();

@@ -17,21 +17,22 @@ use super::process::ProcessCall;
 use super::{internal, record};
 use crate::dtype::DataType;
 use crate::plan::net::{split, NetGroup};
-use crate::plan::p2p::{self, P2pOp};
+use crate::plan::p2p::{self, Chunks, P2pOp};
 use crate::transport::net::NetRank;
 use crate::{RedOp, Result};
 
-/// The chunk sizes of the two transports for a call of `unit_bytes` (the same on every rank):
-/// the IPC slot of the mapped scratch, and the network's chunk ([`p2p::net_chunk`]; the whole
-/// slot for `peer_ops`, `unit_bytes` = `None`).
-fn slots(call: &ProcessCall<'_>, net: &NetRank, unit_bytes: Option<usize>) -> Result<(usize, usize)> {
+/// The chunks of the two transports for a call of `unit_bytes` (the same on every rank): the
+/// IPC slot of the mapped scratch, and the network's chunks ([`netx::chunks_of`]; per pair for
+/// `peer_ops`, `unit_bytes` = `None`).
+fn slots(call: &ProcessCall<'_>, net: &NetRank, unit_bytes: Option<usize>) -> Result<(usize, Chunks)> {
     let n = call.state.sent.len();
-    let ipc = p2p::slot_bytes(call.state.windows.scratch_bytes(), n, p2p::IPC_SLOTS);
-    let far = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n, p2p::NET_SLOTS);
-    match (ipc, far) {
-        (Some(ipc), Some(far)) => Ok((ipc, unit_bytes.map_or(far, |u| p2p::net_chunk(far, u)))),
-        _ => Err(internal(format!("a scratch too small for {n} ranks"))),
-    }
+    let ipc = p2p::slot_bytes(call.state.windows.scratch_bytes(), n, p2p::IPC_SLOTS)
+        .ok_or_else(|| internal(format!("a scratch too small for {n} ranks")))?;
+    let far = match unit_bytes {
+        Some(u) => netx::chunks_of(net, u)?,
+        None => Chunks::ByPair,
+    };
+    Ok((ipc, far))
 }
 
 /// One part of a group, all of whose peers are on this machine (`far` false: over CUDA IPC) or
@@ -43,7 +44,7 @@ fn run_part(
     bound: Bound<'_>,
     far: bool,
     (ops, bufs): (&[P2pOp], &[u64]),
-    (ipc_slot, net_slot): (usize, usize),
+    (ipc_slot, net_chunks): (usize, Chunks),
     stream: &CudaStream,
     combine: Option<Combine<'_>>,
 ) -> Result<()> {
@@ -52,9 +53,8 @@ fn run_part(
     }
     let (r, n) = (call.state.rank, call.state.sent.len());
     if far {
-        let plan = p2p::plan(r, n, ops, net_slot, p2p::NET_SLOTS)?;
         let memops = call.memops;
-        netx::group(net, memops, bound, &plan, bufs, stream, combine)
+        netx::group(net, memops, bound, (ops, net_chunks), bufs, stream, combine)
     } else {
         let plan = p2p::plan(r, n, ops, ipc_slot, p2p::IPC_SLOTS)?;
         ipcx::group(call, &plan, bufs, stream, combine)

@@ -19,26 +19,27 @@ use crate::driver::Kernels;
 use crate::dtype::DataType;
 use crate::resources::Health;
 use crate::plan::net::{At, NetGroup};
-use crate::plan::p2p::{self, Action, P2pOp, P2pPlan, Place};
+use crate::plan::p2p::{self, Action, Chunks, P2pOp, P2pPlan, Place};
 use crate::transport::net::proxy::{Chunk, Outgoing};
 use crate::transport::net::{outbox_offset, NetMem, NetRank};
 use crate::{Error, Result};
 
-/// Enqueues `plan` on `stream`; `bufs[i]` is the device address of the buffer of the plan's
-/// operation `i` (validated by the caller to hold the operation's bytes). The group starts after
+/// Plans the `peer_ops` group `group_ops` ([`p2p::plan_net`], chunks per pair) and enqueues it
+/// on `stream`; `bufs[i]` is the device address of the buffer of operation `i` (validated by
+/// the caller to hold the operation's bytes). The group starts after
 /// `end` (this rank's previous call) and records its own end there, so that the rank's groups
 /// post their signals in order whatever streams they run on.
 pub fn execute(
     net: &mut NetRank,
     ops: &MemOps,
     bound: Bound<'_>,
-    plan: &P2pPlan,
+    group_ops: &[P2pOp],
     bufs: &[u64],
     stream: &CudaStream,
     end: &CudaEvent,
 ) -> Result<()> {
     begin(net, stream, end)?;
-    group(net, ops, bound, plan, bufs, stream, None)?;
+    group(net, ops, bound, (group_ops, Chunks::ByPair), bufs, stream, None)?;
     record(end, stream, net.rank)
 }
 
@@ -128,28 +129,30 @@ pub(crate) fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Resu
     wait(stream, end, net.rank)
 }
 
-/// One group: hands the proxy its program, enqueues it, counts its signals.
+/// One group: plans it with the pairs' carried slots ([`p2p::plan_net`], chunks cut as
+/// `chunks` says), hands the proxy its program, enqueues it, counts its signals and keeps the
+/// carry.
 pub(crate) fn group(
     net: &mut NetRank,
     ops: &MemOps,
     bound: Bound<'_>,
-    plan: &P2pPlan,
+    (group_ops, chunks): (&[P2pOp], Chunks),
     bufs: &[u64],
     stream: &CudaStream,
     combine: Option<Combine<'_>>,
 ) -> Result<()> {
     let n = net.sent.len();
-    if plan.sent.len() != n || plan.received.len() != n || net.rank >= n {
-        return Err(internal(format!(
-            "rank {} of {n}: a plan for {} ranks",
-            net.rank,
-            plan.sent.len()
-        )));
+    if net.rank >= n {
+        return Err(internal(format!("rank {} of {n}", net.rank)));
     }
+    let mem = net.proxy.mem().clone();
+    let slot = p2p::slot_bytes(mem.scratch_bytes(), n, p2p::NET_SLOTS)
+        .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
+    let layout = (slot, p2p::NET_SLOTS, chunks);
+    let (plan, carry) = p2p::plan_net(net.rank, n, group_ops, layout, &net.carry, &net.received)?;
     if plan.actions.is_empty() {
         return Ok(());
     }
-    let mem = net.proxy.mem().clone();
     if plan.slot.saturating_mul(plan.slots).saturating_mul(n) > mem.scratch_bytes() {
         return Err(internal(format!(
             "slots of {} bytes for {n} ranks exceed the scratch of {} bytes",
@@ -158,8 +161,8 @@ pub(crate) fn group(
         )));
     }
     let me = net.rank;
-    net.proxy.post(program(plan, me, &net.sent, |q| q != me)?)?;
-    let issued = issue(net, &mem, ops, bound, plan, bufs, stream, combine);
+    net.proxy.post(program(&plan, me, &net.sent, |q| q != me)?)?;
+    let issued = issue(net, &mem, ops, bound, &plan, bufs, stream, combine);
     if issued.is_err() {
         // Signals already enqueued cannot be taken back: the peers' counters and ours no
         // longer agree.
@@ -170,6 +173,7 @@ pub(crate) fn group(
         net.sent[q] += plan.sent[q];
         net.received[q] += plan.received[q];
     }
+    net.carry = carry;
     Ok(())
 }
 
@@ -196,14 +200,11 @@ pub fn collective(
     stream: &CudaStream,
     end: &CudaEvent,
 ) -> Result<()> {
-    let (r, n) = (net.rank, net.sent.len());
+    let r = net.rank;
     begin(net, stream, end)?;
-    let max_slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n, p2p::NET_SLOTS)
-        .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
-    let slot = p2p::net_chunk(max_slot, unit_bytes);
+    let chunks = chunks_of(net, unit_bytes)?;
     for g in groups {
         let (group_ops, bufs) = group_args(g, send, recv);
-        let plan = p2p::plan(r, n, &group_ops, slot, p2p::NET_SLOTS)?;
         let combine = g.reduce.then_some(Combine {
             kernels: bound.kernels,
             cap,
@@ -211,9 +212,18 @@ pub fn collective(
             op,
             postdiv: g.postdiv,
         });
-        group(net, ops, bound, &plan, &bufs, stream, combine)?;
+        group(net, ops, bound, (&group_ops, chunks), &bufs, stream, combine)?;
     }
     record(end, stream, r)
+}
+
+/// The chunks of a collective's groups over the network: [`p2p::net_chunk`] of the slot and
+/// the call's `unit_bytes` (the same on every rank, so every rank cuts the same chunks).
+pub(crate) fn chunks_of(net: &NetRank, unit_bytes: usize) -> Result<Chunks> {
+    let n = net.sent.len();
+    let slot = p2p::slot_bytes(net.proxy.mem().scratch_bytes(), n, p2p::NET_SLOTS)
+        .ok_or_else(|| internal(format!("a network scratch too small for {n} ranks")))?;
+    Ok(Chunks::Fixed(p2p::net_chunk(slot, unit_bytes)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -267,6 +277,19 @@ fn issue(
                 // SAFETY: the flag word for `peer` in the mapped memory, which the proxy
                 // (holding it) keeps alive, and the communicator's control block, alive until
                 // its drop waits for this call's end.
+                unsafe { bound.kernels.launch_wait(stream, &args) }?
+            }
+            Action::WaitCarried { peer, at } if peer < n => {
+                let args = WaitArgs {
+                    flag: credits + 8 * peer as u64,
+                    value: at,
+                    ctl: bound.health.ctl(),
+                    timeout_ns: bound.health.timeout_ns(),
+                    slot: 0,
+                    peer: u32::try_from(peer).unwrap_or(u32::MAX),
+                };
+                // SAFETY: as for `Wait`: the credit word for `peer` in the mapped memory and
+                // the communicator's control block, both alive until this call has run.
                 unsafe { bound.kernels.launch_wait(stream, &args) }?
             }
             Action::Copy {

@@ -110,6 +110,9 @@ fn issue(
         match *a {
             Action::Signal { peer, k } => call.send(stream, Signal { peer, k })?,
             Action::Wait { peer, k, .. } => call.wait_for(stream, Signal { peer, k })?,
+            Action::WaitCarried { .. } => {
+                return Err(internal("a network plan's carried wait in a CUDA IPC group".into()))
+            }
             Action::Copy {
                 from: from @ Place::Scratch { rank, .. },
                 to: to @ Place::Op { .. },

@@ -17,8 +17,10 @@
 //! a signal's value and sends a header and the chunk (straight from the outbox) to the peer's
 //! proxy, which receives the chunk straight into its scratch and then raises its flag word for
 //! the sender, in order. *Ready* and
-//! *consumed* signals are messages without a chunk; they are the credits: a sender writes chunk
-//! `k + 2` into a slot only after the receiver's *consumed `k`*, as with IPC.
+//! *consumed* signals are messages without a chunk; they are the credits: a sender fills a slot
+//! again only after the receiver's *consumed* of the chunk that last filled it. Over the network
+//! the slots are carried from group to group ([`crate::plan::p2p::plan_net`]), so there are no
+//! *ready* signals and a group's first chunks wait only for an earlier group's credits.
 //!
 //! Every wait is bounded (a send in flight, the closing handshake, [`proxy::Proxy::wait`]); a
 //! lost peer (UCX's endpoint error handler) fails the proxy, which releases its worker, so that
@@ -36,6 +38,7 @@ mod tests;
 
 use std::sync::atomic::AtomicU64;
 
+use crate::plan::p2p::{Carry, NET_SLOTS};
 use crate::{Error, Result};
 use proxy::Proxy;
 
@@ -51,6 +54,9 @@ pub struct NetRank {
     pub sent: Vec<u64>,
     /// Signals each rank has sent to this rank so far.
     pub received: Vec<u64>,
+    /// Where each pair's next chunks go and what frees their slots
+    /// ([`crate::plan::p2p::plan_net`]).
+    pub carry: Carry,
     /// Set when a group failed half-issued: the counters no longer agree with the peers'.
     pub broken: bool,
 }
@@ -63,6 +69,7 @@ impl NetRank {
             proxy,
             sent: vec![0; nranks],
             received: vec![0; nranks],
+            carry: Carry::new(nranks, NET_SLOTS),
             broken: false,
         }
     }

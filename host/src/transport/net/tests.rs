@@ -14,7 +14,7 @@ use super::{outbox_offset, NetMem};
 use crate::exec::net::program;
 use crate::plan::net::ring_groups;
 use crate::bootstrap::Bootstrap;
-use crate::plan::p2p::{plan, slot_bytes, Action, Dir, P2pOp, P2pPlan, Place, NET_SLOTS};
+use crate::plan::p2p::{plan_net, slot_bytes, Action, Carry, Chunks, Dir, P2pOp, P2pPlan, Place, NET_SLOTS};
 use crate::transport::ipc::Exchange;
 use crate::{Error, Result, UniqueId};
 
@@ -63,6 +63,7 @@ struct Rank {
     proxy: Proxy,
     sent: Vec<u64>,
     received: Vec<u64>,
+    carry: Carry,
 }
 
 impl Rank {
@@ -85,6 +86,7 @@ impl Rank {
             proxy,
             sent: vec![0; n],
             received: vec![0; n],
+            carry: Carry::new(n, NET_SLOTS),
         })
     }
 
@@ -94,10 +96,11 @@ impl Rank {
         let slot = slot_bytes(scratch, self.n, NET_SLOTS).ok_or_else(|| Error::Internal {
             reason: "no slot".into(),
         })?;
-        let p = plan(self.me, self.n, ops, slot, NET_SLOTS)?;
+        let (p, carry) = plan_net(self.me, self.n, ops, (slot, NET_SLOTS, Chunks::ByPair), &self.carry, &self.received)?;
         let me = self.me;
         self.proxy.post(program(&p, me, &self.sent, |q| q != me)?)?;
         self.run(&p, bufs)?;
+        self.carry = carry;
         for q in 0..self.n {
             self.sent[q] += p.sent[q];
             self.received[q] += p.received[q];
@@ -120,6 +123,7 @@ impl Rank {
                 Action::Wait { peer, k, credit } => {
                     self.proxy.wait(peer, self.received[peer] + k, credit, TIMEOUT)?
                 }
+                Action::WaitCarried { peer, at } => self.proxy.wait(peer, at, true, TIMEOUT)?,
                 Action::Copy { from, to, bytes } => {
                     let src: Vec<u8> = match from {
                         Place::Op { op, offset } => {
