@@ -109,6 +109,7 @@ impl Work {
                     EntryKind::ReduceCopy if two => "reduce_copy_sum(2 src, 2 dst)",
                     EntryKind::ReduceCopy => "reduce_copy_sum(2 src, 1 dst)",
                     EntryKind::OneShot => "oneshot_sum",
+                    EntryKind::TwoShot => "twoshot_sum",
                 };
                 format!("{k} {}", dtype.name())
             }
@@ -140,9 +141,9 @@ impl Work {
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(ops.a.ptr(), ops.b.ptr(), ops.d0.ptr(), d1, n, 1)
             }
-            EntryKind::OneShot => {
+            EntryKind::OneShot | EntryKind::TwoShot => {
                 return Err(ringccl_tests::Error::msg(
-                    "the one-shot kernel needs every rank: not a single-GPU bench",
+                    "the one-shot and two-shot kernels need every rank: not a single-GPU bench",
                 ))
             }
         };

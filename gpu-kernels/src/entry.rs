@@ -22,6 +22,11 @@
 //!   (every rank's flag array, unused = 0), rank: u32, ctl (the control block), timeout_ns: u64`;
 //!   launch exactly one block per rank (see [`crate::oneshot`]). Both lists have [`MAX_RANKS`]
 //!   slots.
+//! * [`EntryKind::TwoShot`]: `s0..s7 (every rank's input), nsrc: u32, d0..d7 (every rank's
+//!   output), count: u64, postdiv: u32, my_flags, f0..f7 (every rank's two-shot flag region),
+//!   rank: u32, ctl, timeout_ns: u64`; every rank launches the same number of blocks, at most
+//!   [`MAX_TWO_SHOT_BLOCKS`](crate::oneshot::MAX_TWO_SHOT_BLOCKS) (see
+//!   [`crate::oneshot::two_shot_slice`]).
 //!
 //! One kernel has no element type and is not in the table: the bounded wait
 //! [`WAIT_ENTRY`](crate::oneshot::WAIT_ENTRY).
@@ -57,16 +62,21 @@ pub enum EntryKind {
     /// per rank, with a device-side barrier over flags in every rank's memory (see
     /// [`crate::oneshot`]).
     OneShot,
+    /// A whole all-reduce in one kernel per rank of many blocks: each rank folds its shard of
+    /// every rank's input and writes it into every rank's output, block by block, with a
+    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]).
+    TwoShot,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl EntryKind {
     /// Every kind, in table order: the copy (no operator), then the reductions.
-    pub const ALL: [EntryKind; 4] = [
+    pub const ALL: [EntryKind; 5] = [
         EntryKind::Copy,
         EntryKind::Reduce,
         EntryKind::ReduceCopy,
         EntryKind::OneShot,
+        EntryKind::TwoShot,
     ];
 
     /// The name used in kernel entry points.
@@ -76,6 +86,7 @@ impl EntryKind {
             EntryKind::Reduce => "reduce",
             EntryKind::ReduceCopy => "reduce_copy",
             EntryKind::OneShot => "oneshot",
+            EntryKind::TwoShot => "twoshot",
         }
     }
 }
@@ -222,7 +233,7 @@ macro_rules! entry_points {
         /// ```
         /// use gpu_kernels::{entry::find_entry, DataType, EntryKind, ENTRY_POINTS};
         /// use gpu_kernels::op::RedOp;
-        /// assert_eq!(ENTRY_POINTS.len(), 160);
+        /// assert_eq!(ENTRY_POINTS.len(), 210);
         /// let e = find_entry(EntryKind::ReduceCopy, DataType::BF16, Some(RedOp::Sum)).unwrap();
         /// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
         /// ```
@@ -296,5 +307,10 @@ entry_points! {
     // The primitive without an operator: one entry point per type.
     copy: Copy => "copy",
     // The primitives with one: one entry point per type and operator.
-    reductions: [Reduce => "reduce", ReduceCopy => "reduce_copy", OneShot => "oneshot"],
+    reductions: [
+        Reduce => "reduce",
+        ReduceCopy => "reduce_copy",
+        OneShot => "oneshot",
+        TwoShot => "twoshot",
+    ],
 }

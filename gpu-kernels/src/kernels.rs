@@ -184,6 +184,71 @@ macro_rules! kernel {
             }
         };
     };
+    (TwoShot, $name:expr, $t:ty, $op:ty) => {
+        const _: () = {
+            /// Two-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks (see
+            /// `crate::oneshot::two_shot`): rank `rank` folds its shard of every input, in rank
+            /// order, into every rank's output, one slice per block.
+            ///
+            /// # Safety
+            /// See `crate::oneshot::two_shot`.
+            #[export_name = $name]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe extern "ptx-kernel" fn kernel(
+                s0: *const $t,
+                s1: *const $t,
+                s2: *const $t,
+                s3: *const $t,
+                s4: *const $t,
+                s5: *const $t,
+                s6: *const $t,
+                s7: *const $t,
+                nsrc: u32,
+                d0: *mut $t,
+                d1: *mut $t,
+                d2: *mut $t,
+                d3: *mut $t,
+                d4: *mut $t,
+                d5: *mut $t,
+                d6: *mut $t,
+                d7: *mut $t,
+                count: u64,
+                postdiv: u32,
+                my_flags: *mut u64,
+                f0: *mut u64,
+                f1: *mut u64,
+                f2: *mut u64,
+                f3: *mut u64,
+                f4: *mut u64,
+                f5: *mut u64,
+                f6: *mut u64,
+                f7: *mut u64,
+                rank: u32,
+                ctl: *mut u64,
+                timeout_ns: u64,
+            ) {
+                use crate::oneshot::MAX_RANKS;
+                let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
+                let dsts: [*mut $t; MAX_RANKS] = [d0, d1, d2, d3, d4, d5, d6, d7];
+                let flags: [*mut u64; MAX_RANKS] = [f0, f1, f2, f3, f4, f5, f6, f7];
+                // SAFETY: forwarded from the kernel's contract.
+                unsafe {
+                    crate::oneshot::two_shot::<$t, $op>(
+                        srcs,
+                        nsrc as usize,
+                        dsts,
+                        count as usize,
+                        postdiv,
+                        my_flags,
+                        flags,
+                        rank as usize,
+                        ctl,
+                        timeout_ns,
+                    )
+                }
+            }
+        };
+    };
 }
 
 pub(crate) use kernel;

@@ -30,6 +30,28 @@
 //!
 //! Flags only grow, so nothing is ever cleared.
 //!
+//! ## The two-shot all-reduce
+//!
+//! For mid sizes one block per rank is too little bandwidth, and the event-ordered ring pays
+//! host and cross-GPU event latency per step. The two-shot kernel ([`two_shot`], entry points
+//! `ringccl_twoshot_{op}_{ty}`) is one kernel per rank of `B` blocks (the same `B` on every
+//! rank, at most [`MAX_TWO_SHOT_BLOCKS`]). The count is cut into `nranks` shards and each shard
+//! into `B` slices ([`two_shot_slice`], at 16-byte boundaries); block `b` of rank `r` owns
+//! slice `b` of shard `r`. Each block runs the protocol above with the same-numbered block of
+//! every peer, on a flag array of its own (block `b` uses words `b * FLAG_WORDS ..` of the
+//! rank's two-shot flag region, so the blocks' epochs are independent):
+//! 1. **arrive**: every rank's input (and output) is ready;
+//! 2. **reduce and scatter**: fold slice `b` of shard `r` of every rank's input, in rank order,
+//!    and write the result into that slice of every rank's output (its own, then each peer's);
+//!    each element is computed once, so all ranks' results are bit-identical;
+//! 3. **depart**: after a system-scope fence by every thread and `bar.sync`, tell every peer
+//!    this slice is written (and its inputs read); wait until every peer's block `b` has said
+//!    the same. Once every block has departed, every slice of this rank's output has been
+//!    written and no peer reads its input any more.
+//!
+//! In place needs no staging: the slice a block writes into a rank's buffer is exactly the one
+//! it read from it, and no other block of any rank reads it.
+//!
 //! ## Bounded waits: the control block
 //!
 //! No wait lasts forever and no kernel traps (a `trap` kills the CUDA context of the whole
@@ -63,6 +85,54 @@ pub const FAILED: usize = 17;
 /// A limit of its own, equal to the reduce kernel's [`crate::prim::MAX_SRCS`] but not tied to
 /// it.
 pub const MAX_RANKS: usize = 8;
+
+/// Most blocks of a two-shot kernel: each block has its own flag array of [`FLAG_WORDS`] words
+/// in every rank's two-shot flag region ([`TWO_SHOT_FLAG_WORDS`] words).
+pub const MAX_TWO_SHOT_BLOCKS: usize = 256;
+
+/// `u64` words of a rank's two-shot flag region: one flag array per block.
+pub const TWO_SHOT_FLAG_WORDS: usize = MAX_TWO_SHOT_BLOCKS * FLAG_WORDS;
+
+/// Elements `[lo, hi)` that block `block` of `blocks` of rank `rank` (of `nranks`) owns in a
+/// two-shot all-reduce of `count` elements of `size` bytes: the count in 16-byte units is cut
+/// into `nranks` shards, each shard into `blocks` slices (both as evenly as whole units allow),
+/// so every boundary but the last is 16-byte aligned. The slices of all ranks and blocks
+/// partition `0..count`; a slice may be empty.
+///
+/// ```
+/// use gpu_kernels::oneshot::two_shot_slice;
+/// // 1000 f32 (250 units of 4), 2 ranks, 4 blocks: rank 1's shard is units 125..250.
+/// assert_eq!(two_shot_slice(1000, 4, 2, 1, 4, 0), (500, 624));
+/// assert_eq!(two_shot_slice(1000, 4, 2, 1, 4, 3), (872, 1000));
+/// ```
+#[inline(always)]
+pub const fn two_shot_slice(
+    count: usize,
+    size: usize,
+    nranks: usize,
+    rank: usize,
+    blocks: usize,
+    block: usize,
+) -> (usize, usize) {
+    let per = if size == 0 || size >= 16 {
+        1
+    } else {
+        16 / size
+    };
+    let units = count.div_ceil(per);
+    let (nranks, blocks) = (
+        if nranks == 0 { 1 } else { nranks },
+        if blocks == 0 { 1 } else { blocks },
+    );
+    let shard_lo = units * rank / nranks;
+    let shard = units * (rank + 1) / nranks - shard_lo;
+    let lo = (shard_lo + shard * block / blocks) * per;
+    let hi = (shard_lo + shard * (block + 1) / blocks) * per;
+    (
+        if lo < count { lo } else { count },
+        if hi < count { hi } else { count },
+    )
+}
 
 /// Polls of a flag (device memory only) before a wait starts reading the control block and the
 /// clock, and backs off with `nanosleep`.
@@ -116,12 +186,14 @@ pub const WAIT_ENTRY: &str = "ringccl_wait_geq";
 
 #[cfg(target_arch = "nvptx64")]
 mod dev {
-    use super::{status, COUNTER, CTL_ABORT, CTL_STATUS, FAILED, MAX_RANKS, SPIN_POLLS};
+    use super::{
+        status, COUNTER, CTL_ABORT, CTL_STATUS, FAILED, FLAG_WORDS, MAX_RANKS, SPIN_POLLS,
+    };
     use crate::element::Element;
     use crate::op::{ReduceOp, Sum};
     use crate::prim::{reduce_copy, Grid};
     use core::arch::asm;
-    use core::arch::nvptx::{_block_dim_x, _syncthreads, _thread_idx_x};
+    use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _syncthreads, _thread_idx_x};
 
     /// `*p = v` with release semantics at system scope.
     #[inline(always)]
@@ -143,6 +215,13 @@ mod dev {
                  options(nostack, preserves_flags))
         }
         v
+    }
+
+    /// A fence of every memory access of this thread at system scope (`fence.acq_rel.sys`).
+    #[inline(always)]
+    fn fence_sys() {
+        // SAFETY: a fence has no operands and no effect but ordering.
+        unsafe { asm!("fence.acq_rel.sys;", options(nostack, preserves_flags)) }
     }
 
     #[inline(always)]
@@ -368,7 +447,195 @@ mod dev {
             }
         }
     }
+
+    /// `arr[i]` for a run-time `i < MAX_RANKS` with constant indices only (a run-time index
+    /// would put the array in local memory).
+    #[inline(always)]
+    fn pick<P: Copy>(arr: [P; MAX_RANKS], i: usize) -> P {
+        let mut v = arr[0];
+        let mut k = 1;
+        while k < MAX_RANKS {
+            if i == k {
+                v = arr[k];
+            }
+            k += 1;
+        }
+        v
+    }
+
+    /// `(rank + k) mod n` for `rank, k < n` without a division (which could panic).
+    #[inline(always)]
+    fn next_rank(rank: usize, k: usize, n: usize) -> usize {
+        let i = rank + k;
+        if i >= n {
+            i - n
+        } else {
+            i
+        }
+    }
+
+    /// The kernel body of `ringccl_twoshot_{op}_{ty}` (see the module docs, "The two-shot
+    /// all-reduce").
+    ///
+    /// # Safety
+    /// Every rank launched with the same grid (at most `MAX_TWO_SHOT_BLOCKS` blocks of at least
+    /// `nsrc` threads), `nsrc` and `count`; the first `nsrc` sources readable and the first
+    /// `nsrc` destinations writable for `count` elements (rank order; a rank's destination
+    /// either equals its source or does not overlap any source or destination);
+    /// `flags[0..nsrc]` every rank's two-shot flag region (`flags[rank] == my_flags`), all
+    /// accessible from this GPU; `2 ≤ nsrc ≤ MAX_RANKS`, `rank < nsrc`; `ctl` the control block.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn two_shot<T: Element, O: ReduceOp>(
+        srcs: [*const T; MAX_RANKS],
+        nsrc: usize,
+        dsts: [*mut T; MAX_RANKS],
+        count: usize,
+        postdiv: u32,
+        my_flags: *mut u64,
+        flags: [*mut u64; MAX_RANKS],
+        rank: usize,
+        ctl: *mut u64,
+        timeout_ns: u64,
+    ) {
+        // SAFETY: reading special registers has no side effects.
+        let (tid, threads, block, blocks) = unsafe {
+            (
+                _thread_idx_x() as usize,
+                _block_dim_x() as usize,
+                _block_idx_x() as usize,
+                _grid_dim_x() as usize,
+            )
+        };
+        let grid = Grid {
+            thread: tid,
+            threads,
+        };
+        let (lo, hi) = super::two_shot_slice(count, T::SIZE, nsrc, rank, blocks, block);
+        // SAFETY (whole body): pointers per this function's contract; the block's counter is
+        // written only by thread 0 after the last barrier, when every thread has read it.
+        unsafe {
+            let mine = my_flags.add(block * FLAG_WORDS);
+            let epoch = core::ptr::read_volatile(mine.add(COUNTER)).wrapping_add(1);
+            let peer = tid < nsrc && tid < MAX_RANKS && tid != rank;
+            let theirs = pick(flags, tid).wrapping_add(block * FLAG_WORDS);
+
+            // 1. Arrive: my input and output are ready; wait until every peer's are.
+            let fail = mine.add(FAILED);
+            if peer {
+                store_release(theirs.add(2 * rank), epoch);
+                if !wait_at_least(mine.add(2 * tid), epoch, ctl, timeout_ns, rank, tid) {
+                    core::ptr::write_volatile(fail, epoch);
+                }
+            }
+            let failed = sync_failed(fail, epoch);
+
+            // 2. Fold my slice of every input (rank order) into my output and the next rank's,
+            // then copy it into the other ranks' outputs, two at a time.
+            if !failed && lo < hi {
+                let mut at = [core::ptr::null::<T>(); MAX_RANKS];
+                let mut k = 0;
+                while k < MAX_RANKS {
+                    if k < nsrc {
+                        at[k] = srcs[k].add(lo);
+                    }
+                    k += 1;
+                }
+                let own = pick(dsts, rank).add(lo);
+                let next = pick(dsts, next_rank(rank, 1, nsrc)).add(lo);
+                reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, next, hi - lo, postdiv);
+                if nsrc > 2 {
+                    // My writes of `own` are visible to the whole block after the barrier.
+                    _syncthreads();
+                    let mut k = 2;
+                    while k < nsrc {
+                        let a = pick(dsts, next_rank(rank, k, nsrc)).add(lo);
+                        let b = if k + 1 < nsrc {
+                            pick(dsts, next_rank(rank, k + 1, nsrc)).add(lo)
+                        } else {
+                            core::ptr::null_mut()
+                        };
+                        reduce_copy::<T, Sum, 1>(grid, [own as *const T], 1, a, b, hi - lo, 1);
+                        k += 2;
+                    }
+                }
+            }
+
+            // 3. Depart: every thread's writes into the peers' outputs are ordered before the
+            // flag; wait until every peer is done with my slice of its work.
+            fence_sys();
+            _syncthreads();
+            if peer && !failed {
+                store_release(theirs.add(2 * rank + 1), epoch);
+                if !wait_at_least(mine.add(2 * tid + 1), epoch, ctl, timeout_ns, rank, tid) {
+                    core::ptr::write_volatile(fail, epoch);
+                }
+            }
+            let _ = sync_failed(fail, epoch);
+            if tid == 0 {
+                core::ptr::write_volatile(mine.add(COUNTER), epoch);
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::{all_reduce, wait_geq};
+pub(crate) use dev::{all_reduce, two_shot, wait_geq};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slices of every rank and block partition `0..count` in order, and every boundary
+    /// but `count` is a multiple of 16 bytes.
+    #[test]
+    fn two_shot_slices_partition_the_count_on_16_byte_boundaries() {
+        for size in [1usize, 2, 4, 8] {
+            for count in [
+                0usize,
+                1,
+                3,
+                15,
+                16,
+                17,
+                100,
+                1000,
+                4097,
+                1 << 20,
+                (1 << 20) + 5,
+            ] {
+                for nranks in 2..=MAX_RANKS {
+                    for blocks in [1usize, 2, 3, 7, 64, 132, MAX_TWO_SHOT_BLOCKS] {
+                        let mut next = 0;
+                        for rank in 0..nranks {
+                            for block in 0..blocks {
+                                let (lo, hi) =
+                                    two_shot_slice(count, size, nranks, rank, blocks, block);
+                                assert_eq!(
+                                    lo, next,
+                                    "{count} x {size} B, {nranks} ranks, {blocks} blocks"
+                                );
+                                assert!(hi >= lo && hi <= count);
+                                assert!(lo == count || (lo * size) % 16 == 0);
+                                next = hi;
+                            }
+                        }
+                        assert_eq!(next, count);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn two_shot_shards_are_even() {
+        // 1 MiB of f32 over 2 ranks and 64 blocks: 2048 elements (8 KiB) per block.
+        for block in 0..64 {
+            let (lo, hi) = two_shot_slice(1 << 18, 4, 2, 1, 64, block);
+            assert_eq!(
+                (lo, hi),
+                ((1 << 17) + block * 2048, (1 << 17) + (block + 1) * 2048)
+            );
+        }
+    }
+}

@@ -6,12 +6,17 @@ use gpu_kernels::op::RedOp;
 use gpu_kernels::{DataType, EntryKind, ENTRY_POINTS};
 use std::collections::HashSet;
 
-const REDUCTIONS: [EntryKind; 3] = [EntryKind::Reduce, EntryKind::ReduceCopy, EntryKind::OneShot];
+const REDUCTIONS: [EntryKind; 4] = [
+    EntryKind::Reduce,
+    EntryKind::ReduceCopy,
+    EntryKind::OneShot,
+    EntryKind::TwoShot,
+];
 
 #[test]
 fn names_are_unique_and_systematic() {
-    // 10 copies + 10 types x 5 ops x 3 kinds.
-    assert_eq!(ENTRY_POINTS.len(), 10 + 10 * 5 * 3);
+    // 10 copies + 10 types x 5 ops x 4 kinds.
+    assert_eq!(ENTRY_POINTS.len(), 10 + 10 * 5 * 4);
     let names: HashSet<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
     assert_eq!(names.len(), ENTRY_POINTS.len(), "duplicate names");
     for e in ENTRY_POINTS {
@@ -26,12 +31,18 @@ fn names_are_unique_and_systematic() {
             (EntryKind::OneShot, Some(op)) => {
                 format!("ringccl_oneshot_{}_{}", op.name(), e.dtype.name())
             }
+            (EntryKind::TwoShot, Some(op)) => {
+                format!("ringccl_twoshot_{}_{}", op.name(), e.dtype.name())
+            }
             _ => panic!("{e:?}: copies have no operator, reductions have one"),
         };
         assert_eq!(e.name, want);
     }
     let kinds: Vec<&str> = EntryKind::ALL.iter().map(|k| k.name()).collect();
-    assert_eq!(kinds, ["copy", "reduce", "reduce_copy", "oneshot"]);
+    assert_eq!(
+        kinds,
+        ["copy", "reduce", "reduce_copy", "oneshot", "twoshot"]
+    );
 }
 
 #[test]
@@ -53,10 +64,16 @@ fn layout_copies_then_kind_type_op() {
         .collect();
     assert_eq!(got, want);
     assert_eq!(EntryKind::ALL[1..], REDUCTIONS);
-    // The one-shot entries are the table's last 50 rows (appended after the ring primitives).
+    // The one-shot and two-shot entries are the table's last 100 rows (appended after the ring
+    // primitives, in that order).
+    assert!(
+        ENTRY_POINTS[ENTRY_POINTS.len() - 100..ENTRY_POINTS.len() - 50]
+            .iter()
+            .all(|e| e.kind == EntryKind::OneShot)
+    );
     assert!(ENTRY_POINTS[ENTRY_POINTS.len() - 50..]
         .iter()
-        .all(|e| e.kind == EntryKind::OneShot));
+        .all(|e| e.kind == EntryKind::TwoShot));
 }
 
 #[test]

@@ -6,12 +6,13 @@
 //! | --- | --- | --- | --- |
 //! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`); in a job of processes with `RINGCCL_NET=ucx`, no CUDA IPC either: every pair goes through the network transport, even on one machine (for testing it) |
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
-//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
+//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot`, `twoshot` or `ce` (copy engines): force the all-reduce algorithm where it can run |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
 //! | `RINGCCL_CHECK_CALLS` | [`check_calls`](Config::check_calls) | `0` | `1`: in a job of processes, every call first checks (over TCP) that every rank makes the same call; a mismatch fails the call on every rank, naming the rank |
 //! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 16777216 | smallest all-gather or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
 //! | `RINGCCL_CE_BROADCAST_MIN_BYTES` | [`ce_broadcast_min_bytes`](Config::ce_broadcast_min_bytes) | 262144 | the same for a broadcast |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
+//! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot (one process; `0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -21,7 +22,7 @@
 //! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: in a job of processes, ranks on other machines are reached through the network transport (UCX, loaded at run time); ranks of one machine keep CUDA IPC, and all-reduce, all-gather and broadcast become hierarchical where every machine holds the same number of ranks (with `RINGCCL_P2P_DISABLE=1`, every pair goes through UCX) |
 //! | `RINGCCL_HOST_ID` | [`host_id`](Config::host_id) | the machine's boot id | which machine this rank counts as on: ranks with the same id share CUDA IPC, others are reached over the network. Lets the ranks of one machine stand for several machines (testing the network and hierarchical paths), like `NCCL_HOSTID` |
 //! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 4 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
-//! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `0` | `1`: a communicator of several GPUs in one process keeps a host thread per GPU that issues its rank's part of a small eager all-reduce while the caller's thread issues rank 0's (not yet measured on GPUs: off by default) |
+//! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `0` | `1`: a communicator of several GPUs in one process keeps a host thread per GPU that issues its rank's part of a small eager all-reduce while the caller's thread issues rank 0's (slower than one thread on 2 × H200: off by default, `docs/perf/README.md`) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -39,6 +40,8 @@ pub const DEFAULT_ONESHOT_MAX_BYTES: usize = 256 * 1024;
 /// against 7.7 / 9.3 at 64 KiB, 6.4 / 9.0 against 10.2 / 13.1 at 128 KiB; `docs/perf/README.md`),
 /// while eager calls, where the ring's extra launches cost host time, keep one-shot to 256 KiB.
 pub const DEFAULT_ONESHOT_MAX_BYTES_GRAPH: usize = 32 * 1024;
+/// Default of [`Config::twoshot_max_bytes`].
+pub const DEFAULT_TWOSHOT_MAX_BYTES: usize = 8 << 20;
 /// Default of [`Config::peer_blocks`]: NVLink peer reads peaked at 64 blocks of 512 threads on
 /// an H200 and fell with more (`docs/perf/ceilings.md`).
 pub const DEFAULT_PEER_BLOCKS: u32 = 64;
@@ -52,6 +55,10 @@ pub enum Algorithm {
     /// barrier (small messages: no events, one launch per rank; 2 to 8 ranks with peer access
     /// between every pair).
     OneShot,
+    /// One kernel per rank of many blocks: each rank folds its shard of every rank's input and
+    /// writes it into every rank's output, with a device-side barrier per block (mid sizes; one
+    /// process, 2 to 8 ranks with peer access between every pair).
+    TwoShot,
     /// A ring whose peer traffic goes through the copy engines (`cuMemcpyAsync` on a second
     /// stream per rank) while the SMs reduce, chunk by chunk (large messages; one process,
     /// peer access between every pair, not under CUDA-graph capture).
@@ -64,6 +71,7 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::OneShot => "oneshot",
+            Algorithm::TwoShot => "twoshot",
             Algorithm::CopyEngine => "ce",
         }
     }
@@ -78,14 +86,15 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = String;
 
-    /// `ring`, `oneshot` (also `one-shot`, `one_shot`) or `ce` (also `copy-engine`,
-    /// `copy_engine`), any case, blanks around ignored.
+    /// `ring`, `oneshot` (also `one-shot`, `one_shot`), `twoshot` (also `two-shot`,
+    /// `two_shot`) or `ce` (also `copy-engine`, `copy_engine`), any case, blanks around ignored.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "ring" => Ok(Algorithm::Ring),
             "oneshot" | "one-shot" | "one_shot" => Ok(Algorithm::OneShot),
+            "twoshot" | "two-shot" | "two_shot" => Ok(Algorithm::TwoShot),
             "ce" | "copy-engine" | "copy_engine" | "copyengine" => Ok(Algorithm::CopyEngine),
-            _ => Err("expected `ring`, `oneshot` or `ce`".into()),
+            _ => Err("expected `ring`, `oneshot`, `twoshot` or `ce`".into()),
         }
     }
 }
@@ -185,6 +194,10 @@ pub struct Config {
     pub oneshot_max_bytes: usize,
     /// The same limit for calls captured into a CUDA graph; the smaller of the two applies.
     pub oneshot_max_bytes_graph: usize,
+    /// All-reduces above the one-shot limit and of at most this many bytes per rank run
+    /// two-shot ([`Algorithm::TwoShot`], when they can: one process, peer access between every
+    /// pair); 0: never unless forced.
+    pub twoshot_max_bytes: usize,
     /// All-reduces of at least this many bytes per rank run on the copy engines
     /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
     /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
@@ -268,6 +281,7 @@ impl Default for Config {
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
+            twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
             ce_broadcast_min_bytes: Some(DEFAULT_CE_BROADCAST_MIN_BYTES),
@@ -286,7 +300,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 19] = [
+pub const ENV_VARS: [&str; 20] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -306,6 +320,7 @@ pub const ENV_VARS: [&str; 19] = [
     "RINGCCL_NET_LANES",
     "RINGCCL_RANK_THREADS",
     "RINGCCL_HOST_ID",
+    "RINGCCL_TWOSHOT_MAX_BYTES",
 ];
 
 impl Config {
@@ -365,7 +380,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -380,6 +395,9 @@ impl Config {
         }
         if let Some(v) = parse(oneshot_graph, get(oneshot_graph)?, |s| parse_bytes(s, true))? {
             c.oneshot_max_bytes_graph = v;
+        }
+        if let Some(v) = parse(twoshot, get(twoshot)?, |s| parse_bytes(s, true))? {
+            c.twoshot_max_bytes = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -711,7 +729,12 @@ mod tests {
     fn names_parse() {
         assert_eq!(" one-shot\n".parse(), Ok(Algorithm::OneShot));
         assert_eq!("RING".parse(), Ok(Algorithm::Ring));
-        for a in [Algorithm::Ring, Algorithm::OneShot] {
+        for a in [
+            Algorithm::Ring,
+            Algorithm::OneShot,
+            Algorithm::TwoShot,
+            Algorithm::CopyEngine,
+        ] {
             assert_eq!(a.name().parse(), Ok(a));
         }
         assert_eq!("1".parse(), Ok(DebugLevel::Info));

@@ -100,9 +100,11 @@ impl RankResources {
     }
 }
 
-/// One rank's flag array for the one-shot all-reduce: `gpu_kernels::oneshot::FLAG_WORDS` `u64`
-/// from plain `cuMemAlloc` (peer access enabled with `cuCtxEnablePeerAccess` covers it), zeroed
-/// at creation, freed on drop.
+/// One rank's flags for the one-shot and two-shot all-reduces: the one-shot kernel's array of
+/// `gpu_kernels::oneshot::FLAG_WORDS` `u64` at [`OneShotFlags::ptr`], then the two-shot
+/// kernel's region of `TWO_SHOT_FLAG_WORDS` at [`OneShotFlags::two_shot`], from plain
+/// `cuMemAlloc` (peer access enabled with `cuCtxEnablePeerAccess` covers it), zeroed at
+/// creation, freed on drop.
 #[derive(Debug)]
 pub struct OneShotFlags {
     ctx: Arc<CudaContext>,
@@ -111,7 +113,12 @@ pub struct OneShotFlags {
 }
 
 impl OneShotFlags {
-    const BYTES: usize = gpu_kernels::oneshot::FLAG_WORDS * 8;
+    const BYTES: usize = (gpu_kernels::oneshot::FLAG_WORDS + gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS) * 8;
+
+    /// The device address of the two-shot flag region.
+    pub fn two_shot(&self) -> u64 {
+        self.ptr + (gpu_kernels::oneshot::FLAG_WORDS * 8) as u64
+    }
 
     /// Allocates and zeroes the array (the zeroing is finished when this returns).
     fn new(ctx: &Arc<CudaContext>, stream: &CudaStream, rank: usize) -> Result<Self> {

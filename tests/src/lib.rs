@@ -197,6 +197,16 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
                 && !args[22].is_u64()
                 && u64s(&args[23..])
         }
+        EntryKind::TwoShot => {
+            args.len() == 31
+                && u64s(&args[..8])
+                && !args[8].is_u64()
+                && u64s(&args[9..18])
+                && !args[18].is_u64()
+                && u64s(&args[19..28])
+                && !args[28].is_u64()
+                && u64s(&args[29..])
+        }
     }
 }
 

@@ -1279,6 +1279,19 @@ fn all_reduce_on_copy_engines() {
     tally.finish();
 }
 
+/// All-reduce forced onto the two-shot kernel at every count (one kernel per rank of many
+/// blocks, each folding a slice of its rank's shard and writing it into every rank's output):
+/// the same cases and checks as `all_reduce`, from 0 and 1 element (empty slices) to the large
+/// counts.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn all_reduce_two_shot() {
+    let env = Env::forced(ringccl::Algorithm::TwoShot);
+    let mut tally = Tally::new("all_reduce (two-shot)");
+    for_all_types!(run_coll(&env, Coll::AllReduce, &mut tally));
+    tally.finish();
+}
+
 /// All-gather, broadcast and all-to-all forced onto the copy engines (plain copies from each
 /// input to the outputs on a second stream per rank): the same cases and checks as their own
 /// tests.

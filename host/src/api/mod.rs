@@ -160,7 +160,7 @@ impl Communicator {
             _ => None,
         };
         let prepared = match algorithm {
-            Algorithm::OneShot | Algorithm::CopyEngine => None,
+            Algorithm::OneShot | Algorithm::TwoShot | Algorithm::CopyEngine => None,
             Algorithm::Ring => {
                 let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
                 let key = c.schedule_key(checked.layout, chunk);
@@ -205,10 +205,21 @@ impl Communicator {
         }
         let mut call = self.begin_call();
         if prepared.is_none() && ce_plan.is_none() {
-            // One-shot: each rank's part, its tracking included, is issued on its own (on the
-            // rank's host thread, where the communicator has them). A rank's kernel ends only
-            // after every peer is done reading its input, so the record on its own stream
-            // covers the call.
+            // One-shot or two-shot: each rank's part, its tracking included, is issued on its
+            // own (on the rank's host thread, where the communicator has them). A rank's kernel
+            // ends only after every peer is done reading its input (and, two-shot, writing its
+            // output), so the record on its own stream covers the call.
+            let shot = if algorithm == Algorithm::TwoShot {
+                let mut sms = u32::MAX;
+                for r in 0..n {
+                    sms = sms.min(call.rank(r)?.kernels.sm_count());
+                }
+                exec::oneshot::Shot::Two {
+                    blocks: tuning::twoshot_blocks(max_bytes, n, sms),
+                }
+            } else {
+                exec::oneshot::Shot::One
+            };
             let stream_refs: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
             let ios: Vec<Mutex<&mut Io<'_, T>>> = io.iter_mut().map(Mutex::new).collect();
             let around = |r: usize, part: &dyn Fn() -> Result<()>| -> Result<()> {
@@ -232,7 +243,7 @@ impl Communicator {
             let threads = self.rank_threads();
             let count = c.count();
             return exec::oneshot::execute(
-                &mut call, T::DTYPE, op, &ptrs, in_place, count, streams, capturing, threads, &around,
+                &mut call, shot, T::DTYPE, op, &ptrs, in_place, count, streams, capturing, threads, &around,
             );
         }
         let guards = track(io, streams, &checked.ptrs, capturing);

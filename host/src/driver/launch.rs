@@ -119,6 +119,30 @@ pub(crate) struct OneShotArgs<'a> {
     pub timeout_ns: u64,
 }
 
+/// The arguments of one rank's two-shot all-reduce kernel (see `gpu_kernels::oneshot`, "The
+/// two-shot all-reduce").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TwoShotArgs<'a> {
+    /// Every rank's input, in rank order (2 to [`MAX_RANKS`]).
+    pub srcs: &'a [u64],
+    /// Every rank's output, in rank order.
+    pub dsts: &'a [u64],
+    /// Elements.
+    pub count: usize,
+    /// The rank count for avg's final division, else 1.
+    pub postdiv: u32,
+    /// Every rank's two-shot flag region, in rank order.
+    pub flags: &'a [u64],
+    /// This rank.
+    pub rank: usize,
+    /// Blocks (the same on every rank; 1 to `MAX_TWO_SHOT_BLOCKS`).
+    pub blocks: u32,
+    /// The device address of the communicator's control block.
+    pub ctl: u64,
+    /// How long a wait at a barrier may last, in nanoseconds (0: until aborted).
+    pub timeout_ns: u64,
+}
+
 /// The arguments of one bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WaitArgs {
@@ -292,6 +316,85 @@ impl Kernels {
         params[2 * MAX_RANKS + 8] = param(&args.timeout_ns);
         // SAFETY: `ringccl_oneshot_*(u64 × MAX_RANKS, u32 nsrc, u64 dst, u64 tmp, u64 count,
         // u32 postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns)`; the
+        // caller guarantees the memory.
+        unsafe { self.launch(stream, f, plan, &mut params) }
+    }
+
+    /// Checks, without launching, that the two-shot kernel for `dtype` and `op` exists and can
+    /// run `nranks` ranks in `blocks` blocks.
+    pub(crate) fn twoshot_ready(&self, dtype: DataType, op: RedOp, nranks: usize, blocks: u32) -> Result<LaunchPlan> {
+        let (_, limit) = self.function(EntryKind::TwoShot, dtype, Some(op))?;
+        let plan = LaunchPlan {
+            blocks,
+            threads: LaunchPlan::one_block(limit).threads,
+        };
+        let max = gpu_kernels::oneshot::MAX_TWO_SHOT_BLOCKS;
+        if !(2..=MAX_RANKS).contains(&nranks) || (plan.threads as usize) < nranks || !(1..=max).contains(&(blocks as usize)) {
+            return Err(Error::Internal {
+                reason: format!(
+                    "the two-shot kernel runs 2 to {MAX_RANKS} ranks in 1 to {max} blocks of at \
+                     least one thread per rank ({nranks} ranks, {blocks} blocks of {} threads)",
+                    plan.threads
+                ),
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Enqueues rank `args.rank`'s kernel of a two-shot all-reduce. Every rank's kernel of the
+    /// call must be enqueued, with the same buffers, count, blocks, type and operator, or the
+    /// others wait at the device barriers.
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_prim`], for every source and destination (`count` elements
+    /// each; a rank's destination equals its source or overlaps nothing); every flag region is
+    /// `gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS` `u64` of a live allocation accessible from
+    /// this context, used by no one but this communicator's two-shot kernels.
+    pub(crate) unsafe fn launch_twoshot(
+        &self,
+        stream: &CudaStream,
+        dtype: DataType,
+        op: RedOp,
+        args: &TwoShotArgs<'_>,
+    ) -> Result<()> {
+        let n = args.srcs.len();
+        if args.flags.len() != n || args.dsts.len() != n || args.rank >= n {
+            return Err(Error::Internal {
+                reason: format!(
+                    "two-shot all-reduce: {n} sources, {} destinations, {} flag regions, rank {}",
+                    args.dsts.len(),
+                    args.flags.len(),
+                    args.rank
+                ),
+            });
+        }
+        let plan = self.twoshot_ready(dtype, op, n, args.blocks)?;
+        if args.count == 0 {
+            return Ok(());
+        }
+        let (f, _) = self.function(EntryKind::TwoShot, dtype, Some(op))?;
+        let (mut s, mut d, mut fl) = ([0u64; MAX_RANKS], [0u64; MAX_RANKS], [0u64; MAX_RANKS]);
+        s[..n].copy_from_slice(args.srcs);
+        d[..n].copy_from_slice(args.dsts);
+        fl[..n].copy_from_slice(args.flags);
+        let (nsrc, count, my_flags, rank) = (n as u32, args.count as u64, args.flags[args.rank], args.rank as u32);
+        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 7];
+        let (ps, rest) = params.split_at_mut(MAX_RANKS);
+        for (p, v) in ps.iter_mut().zip(&s) {
+            *p = param(v);
+        }
+        rest[0] = param(&nsrc);
+        for (p, v) in rest[1..=MAX_RANKS].iter_mut().zip(&d) {
+            *p = param(v);
+        }
+        let rest = &mut rest[MAX_RANKS + 1..];
+        rest[..3].copy_from_slice(&[param(&count), param(&args.postdiv), param(&my_flags)]);
+        for (p, v) in rest[3..3 + MAX_RANKS].iter_mut().zip(&fl) {
+            *p = param(v);
+        }
+        rest[3 + MAX_RANKS..].copy_from_slice(&[param(&rank), param(&args.ctl), param(&args.timeout_ns)]);
+        // SAFETY: `ringccl_twoshot_*(u64 × MAX_RANKS, u32 nsrc, u64 × MAX_RANKS, u64 count, u32
+        // postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns)`; the
         // caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }

@@ -369,6 +369,7 @@ mod tests {
                     (EntryKind::Reduce, "reduce"),
                     (EntryKind::ReduceCopy, "reduce_copy"),
                     (EntryKind::OneShot, "oneshot"),
+                    (EntryKind::TwoShot, "twoshot"),
                 ] {
                     let i = entry_index(kind, dt, Some(op)).unwrap();
                     assert_eq!(

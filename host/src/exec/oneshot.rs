@@ -1,8 +1,10 @@
-//! The one-shot executor: a small all-reduce as ONE kernel per rank (see
+//! The one-shot and two-shot executor: an all-reduce as ONE kernel per rank (see
 //! `gpu_kernels::oneshot`). On each rank's stream: a wait for the communicator's previous call
-//! on that rank, one kernel (one block that reads every rank's input directly and meets the
-//! other ranks' kernels at a device-side barrier), and the record of the end-of-call event. No
-//! event crosses GPUs.
+//! on that rank, one kernel, and the record of the end-of-call event. No event crosses GPUs.
+//! The one-shot kernel ([`Shot::One`], small messages) is one block that reads every rank's
+//! input directly and meets the other ranks' kernels at a device-side barrier; the two-shot
+//! kernel ([`Shot::Two`], mid sizes) is many blocks, each folding a slice of this rank's shard
+//! of every input and writing it into every rank's output, each with its own barrier.
 //!
 //! While capturing into a CUDA graph, the previous call's end is neither waited on nor recorded
 //! (see [`crate::exec`]); the kernels keep their epoch on the device, so replays of the graph
@@ -25,13 +27,28 @@ use gpu_kernels::oneshot::MAX_RANKS;
 
 use crate::resources::rank_threads::RankThreads;
 use super::{internal, record, scratch_for_call, wait, Around, RankPtrs};
-use crate::driver::launch::OneShotArgs;
+use crate::driver::launch::{OneShotArgs, TwoShotArgs};
 use crate::resources::Call;
 use crate::{DataType, Error, RedOp, Result};
 
-/// Enqueues a one-shot all-reduce of `count` elements. `ptrs[r].send` is rank `r`'s input and
-/// `ptrs[r].recv` its output; `in_place` when they are equal on every rank: each rank's result
-/// is then staged in its scratch (`count` elements) until every peer is done reading its input.
+/// Which kernel [`execute`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shot {
+    /// The one-shot kernel: one block per rank.
+    One,
+    /// The two-shot kernel in this many blocks per rank (the same on every rank:
+    /// [`crate::plan::tuning::twoshot_blocks`]).
+    Two {
+        /// Blocks per rank.
+        blocks: u32,
+    },
+}
+
+/// Enqueues a one-shot or two-shot (`shot`) all-reduce of `count` elements. `ptrs[r].send` is rank `r`'s input and
+/// `ptrs[r].recv` its output; `in_place` when they are equal on every rank: each rank's one-shot
+/// result is then staged in its scratch (`count` elements) until every peer is done reading its
+/// input (the two-shot kernel needs no staging: what it writes into a buffer is what it read
+/// from there).
 /// The caller checks that one-shot is possible (2 to `MAX_RANKS` ranks, peer access between
 /// every pair: [`crate::plan::tuning::all_reduce_algorithm`]). `capturing` as for
 /// [`super::ring::execute`].
@@ -44,6 +61,7 @@ use crate::{DataType, Error, RedOp, Result};
 #[allow(clippy::too_many_arguments)]
 pub fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
+    shot: Shot,
     dtype: DataType,
     op: RedOp,
     ptrs: &[RankPtrs],
@@ -70,14 +88,20 @@ pub fn execute<S: AsRef<CudaStream>>(
         .ok_or_else(|| internal(format!("{count} elements overflow")))?;
     let mut flags = [0u64; MAX_RANKS];
     let mut srcs = [0u64; MAX_RANKS];
+    let mut dsts = [0u64; MAX_RANKS];
     for r in 0..n {
-        flags[r] = call.rank(r)?.flags.ptr;
+        let f = &call.rank(r)?.flags;
+        flags[r] = match shot {
+            Shot::One => f.ptr,
+            Shot::Two { .. } => f.two_shot(),
+        };
         srcs[r] = ptrs[r].send;
+        dsts[r] = ptrs[r].recv;
     }
     let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
 
     let mut tmp = [None; MAX_RANKS];
-    if in_place {
+    if in_place && shot == Shot::One {
         for (r, t) in tmp.iter_mut().take(n).enumerate() {
             *t = Some(scratch_for_call(call, r, bytes, capturing)?);
         }
@@ -93,7 +117,11 @@ pub fn execute<S: AsRef<CudaStream>>(
     }
     let (ctl, timeout_ns) = (health.ctl(), health.timeout_ns());
     for r in 0..n {
-        call.rank(r)?.kernels.oneshot_ready(dtype, op, n)?;
+        let kernels = &call.rank(r)?.kernels;
+        match shot {
+            Shot::One => kernels.oneshot_ready(dtype, op, n).map(drop)?,
+            Shot::Two { blocks } => kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
+        }
         call.end_event(r)?;
     }
     let streams: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
@@ -107,24 +135,48 @@ pub fn execute<S: AsRef<CudaStream>>(
             if !capturing {
                 wait(stream, call_ref.end_event(r)?, r)?;
             }
-            let args = OneShotArgs {
-                srcs: &srcs[..n],
-                dst: ptrs[r].recv,
-                tmp: tmp[r],
-                count,
-                postdiv,
-                flags: &flags[..n],
-                rank: r,
-                ctl,
-                timeout_ns,
-            };
             health.injected_failure(r)?;
-            // SAFETY: the collective validated every rank's `count`-element buffers (inputs
-            // and outputs on their own devices, outputs not partially overlapping inputs);
-            // `tmp` is `count` elements of rank `r`'s scratch, sized above; the flag arrays
-            // are the communicator's, alive until its drop waits for this call's end (as is the
-            // control block); the caller checked peer access between every pair of ranks.
-            unsafe { call_ref.rank(r)?.kernels.launch_oneshot(stream, dtype, op, &args)? };
+            let kernels = &call_ref.rank(r)?.kernels;
+            match shot {
+                Shot::One => {
+                    let args = OneShotArgs {
+                        srcs: &srcs[..n],
+                        dst: ptrs[r].recv,
+                        tmp: tmp[r],
+                        count,
+                        postdiv,
+                        flags: &flags[..n],
+                        rank: r,
+                        ctl,
+                        timeout_ns,
+                    };
+                    // SAFETY: the collective validated every rank's `count`-element buffers
+                    // (inputs and outputs on their own devices, outputs not partially
+                    // overlapping inputs); `tmp` is `count` elements of rank `r`'s scratch,
+                    // sized above; the flag arrays are the communicator's, alive until its drop
+                    // waits for this call's end (as is the control block); the caller checked
+                    // peer access between every pair of ranks.
+                    unsafe { kernels.launch_oneshot(stream, dtype, op, &args)? };
+                }
+                Shot::Two { blocks } => {
+                    let args = TwoShotArgs {
+                        srcs: &srcs[..n],
+                        dsts: &dsts[..n],
+                        count,
+                        postdiv,
+                        flags: &flags[..n],
+                        rank: r,
+                        blocks,
+                        ctl,
+                        timeout_ns,
+                    };
+                    // SAFETY: as for the one-shot kernel, for every rank's input and output
+                    // (a rank's output equals its input or overlaps neither, validated); the
+                    // two-shot flag regions are the communicator's, used by its two-shot
+                    // kernels only.
+                    unsafe { kernels.launch_twoshot(stream, dtype, op, &args)? };
+                }
+            }
             launched[r].store(true, Ordering::Relaxed);
             if !capturing {
                 record(call_ref.end_event(r)?, stream, r)?;

@@ -92,11 +92,14 @@ pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config
 /// One-shot needs 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks and `oneshot_possible` (direct
 /// peer access between every pair, no earlier failed one-shot call); the copy-engine ring needs
 /// 2 or more ranks and `ce_possible` (one process, direct peer access between every pair, not
-/// under CUDA-graph capture). An algorithm that is not possible is never chosen, not even when
-/// [`Config::algorithm`] forces it (the ring runs instead). Otherwise the forced algorithm wins,
-/// and unforced calls run one-shot up to [`Config::oneshot_max_bytes`] (while `capturing` into
-/// a CUDA graph, up to the smaller of that and [`Config::oneshot_max_bytes_graph`]), on the copy
-/// engines from [`Config::ce_min_bytes`] (when set), the ring in between.
+/// under CUDA-graph capture); two-shot needs both (its kernel writes every rank's output, which
+/// only one process reaches; under capture the ring, measured faster there from 64 KiB, stays).
+/// An algorithm that is not possible is never chosen, not even when [`Config::algorithm`]
+/// forces it (the ring runs instead). Otherwise the forced algorithm wins, and unforced calls
+/// run one-shot up to [`Config::oneshot_max_bytes`] (while `capturing` into a CUDA graph, up to
+/// the smaller of that and [`Config::oneshot_max_bytes_graph`]), two-shot above that up to
+/// [`Config::twoshot_max_bytes`], on the copy engines from [`Config::ce_min_bytes`] (when set),
+/// the ring in between.
 ///
 /// ```
 /// use ringccl::internals::plan::tuning::all_reduce_algorithm;
@@ -105,6 +108,8 @@ pub fn chunk_elems(bytes: usize, nranks: usize, dtype: DataType, config: &Config
 /// assert_eq!(all_reduce_algorithm(4096, 2, true, true, false, &c), Algorithm::OneShot);
 /// assert_eq!(all_reduce_algorithm(128 << 10, 2, true, true, false, &c), Algorithm::OneShot);
 /// assert_eq!(all_reduce_algorithm(128 << 10, 2, true, false, true, &c), Algorithm::Ring);
+/// assert_eq!(all_reduce_algorithm(1 << 20, 2, true, true, false, &c), Algorithm::TwoShot);
+/// assert_eq!(all_reduce_algorithm(1 << 20, 2, true, false, false, &c), Algorithm::Ring);
 /// assert_eq!(all_reduce_algorithm(16 << 20, 2, true, true, false, &c), Algorithm::Ring);
 /// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, false, &c), Algorithm::CopyEngine);
 /// assert_eq!(all_reduce_algorithm(1 << 30, 2, true, false, false, &c), Algorithm::Ring);
@@ -124,14 +129,39 @@ pub fn all_reduce_algorithm(
         config.oneshot_max_bytes
     };
     let ce = nranks >= 2 && ce_possible;
+    let twoshot = oneshot && ce_possible;
     match config.algorithm {
         Some(Algorithm::OneShot) if oneshot => Algorithm::OneShot,
+        Some(Algorithm::TwoShot) if twoshot => Algorithm::TwoShot,
         Some(Algorithm::CopyEngine) if ce => Algorithm::CopyEngine,
         Some(_) => Algorithm::Ring,
         None if oneshot && bytes <= oneshot_max => Algorithm::OneShot,
+        None if twoshot && bytes <= config.twoshot_max_bytes => Algorithm::TwoShot,
         None if ce && config.ce_min_bytes.is_some_and(|m| bytes >= m) => Algorithm::CopyEngine,
         None => Algorithm::Ring,
     }
+}
+
+/// Bytes of a rank's shard that one block of the two-shot kernel takes at least: 8 KiB, one
+/// 16-byte vector per thread of a 512-thread block.
+pub const TWOSHOT_BYTES_PER_BLOCK: usize = 8 << 10;
+
+/// Blocks of a two-shot all-reduce of `bytes` per rank over `nranks` ranks on GPUs of at least
+/// `sm_count` SMs: one per [`TWOSHOT_BYTES_PER_BLOCK`] of a rank's shard, at most one per SM
+/// (so every block of every rank is resident at once and each meets its peers' at the
+/// barriers) and `gpu_kernels::oneshot::MAX_TWO_SHOT_BLOCKS`, at least 1. Every rank computes
+/// the same number from the same arguments.
+///
+/// ```
+/// use ringccl::internals::plan::tuning::twoshot_blocks;
+/// assert_eq!(twoshot_blocks(1 << 20, 2, 132), 64);
+/// assert_eq!(twoshot_blocks(8 << 20, 2, 132), 132);
+/// assert_eq!(twoshot_blocks(300 << 10, 8, 132), 5);
+/// ```
+pub fn twoshot_blocks(bytes: usize, nranks: usize, sm_count: u32) -> u32 {
+    let shard = bytes / nranks.max(1);
+    let cap = (sm_count as usize).clamp(1, gpu_kernels::oneshot::MAX_TWO_SHOT_BLOCKS);
+    u32::try_from(shard.div_ceil(TWOSHOT_BYTES_PER_BLOCK).clamp(1, cap)).unwrap_or(1)
 }
 
 /// Whether an all-gather, broadcast or all-to-all of `bytes` bytes (the larger of a rank's
@@ -269,12 +299,40 @@ mod tests {
         c.ce_min_bytes = None;
         assert_eq!(all_reduce_algorithm(1 << 30, 2, true, true, false, &c), Ring);
         c.ce_min_bytes = Some(1 << 20);
+        // Two-shot comes first where both apply.
+        assert_eq!(all_reduce_algorithm((1 << 20) - 1, 2, true, true, false, &c), TwoShot);
+        c.twoshot_max_bytes = 0;
         assert_eq!(all_reduce_algorithm((1 << 20) - 1, 2, true, true, false, &c), Ring);
         assert_eq!(all_reduce_algorithm(1 << 20, 2, true, true, false, &c), CopyEngine);
         assert_eq!(all_reduce_algorithm(4096, 2, true, true, false, &c), OneShot);
         assert_eq!(all_reduce_algorithm(4096, 16, false, true, false, &c), Ring);
         c.ce_min_bytes = Some(0);
         assert_eq!(all_reduce_algorithm(4096, 16, false, true, false, &c), CopyEngine);
+    }
+
+    #[test]
+    fn two_shot_between_the_one_shot_limit_and_its_own_in_one_process() {
+        let mut c = Config::default();
+        let two = crate::config::DEFAULT_TWOSHOT_MAX_BYTES;
+        for n in 2..=8 {
+            assert_eq!(all_reduce_algorithm(MAX, n, true, true, false, &c), OneShot);
+            assert_eq!(all_reduce_algorithm(MAX + 1, n, true, true, false, &c), TwoShot);
+            assert_eq!(all_reduce_algorithm(two, n, true, true, false, &c), TwoShot);
+            assert_eq!(all_reduce_algorithm(two + 1, n, true, true, false, &c), Ring);
+            // Not across processes, not under capture (ce_possible false), not without peer
+            // access, not beyond eight ranks.
+            assert_eq!(all_reduce_algorithm(1 << 20, n, true, false, false, &c), Ring);
+            assert_eq!(all_reduce_algorithm(1 << 20, n, false, true, false, &c), Ring);
+        }
+        assert_eq!(all_reduce_algorithm(1 << 20, 9, true, true, false, &c), Ring);
+        // Forced: at any size where possible, else the ring.
+        let forced_two = forced(Some(TwoShot));
+        assert_eq!(all_reduce_algorithm(8, 2, true, true, false, &forced_two), TwoShot);
+        assert_eq!(all_reduce_algorithm(1 << 30, 4, true, true, false, &forced_two), TwoShot);
+        assert_eq!(all_reduce_algorithm(1 << 20, 2, true, false, true, &forced_two), Ring);
+        // 0 turns it off.
+        c.twoshot_max_bytes = 0;
+        assert_eq!(all_reduce_algorithm(1 << 20, 2, true, true, false, &c), Ring);
     }
 
     #[test]
