@@ -395,11 +395,23 @@ impl Communicator {
             });
         }
         if let Collective::AllReduce { count } = c {
-            if tuning::all_reduce_algorithm(max_bytes, n, true, false, false, config) == Algorithm::OneShot {
-                report!(config.debug, Trace, "all_reduce {} count {count} across processes: oneshot", T::DTYPE.name());
+            let algorithm = tuning::process_all_reduce_algorithm(max_bytes, n, config);
+            let shot = match algorithm {
+                Algorithm::OneShot => Some(exec::oneshot::Shot::One),
+                Algorithm::TwoShot => Some(exec::oneshot::Shot::Two {
+                    blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.min_sms()),
+                }),
+                _ => None,
+            };
+            if let Some(shot) = shot {
+                report!(config.debug, Trace, "all_reduce {} count {count} across processes: {algorithm}", T::DTYPE.name());
+                let bytes = count.saturating_mul(size);
+                let scratch = exec::process::scratch_for(shot, bytes).ok_or_else(|| crate::Error::Internal {
+                    reason: format!("an all-reduce of {bytes} bytes overflows the scratch size"),
+                })?;
                 let guards = track(io, streams, &checked.ptrs, false);
                 let mut state = p.lock();
-                p.ensure_scratch(&mut state, count.saturating_mul(size), self.health())?;
+                p.ensure_scratch(&mut state, scratch, self.health())?;
                 let mut call = exec::process::ProcessCall {
                     me,
                     state: &mut state,
@@ -407,7 +419,7 @@ impl Communicator {
                     health: self.health(),
                 };
                 let result =
-                    exec::process::execute_oneshot(&mut call, T::DTYPE, op, mine, count, stream.as_ref());
+                    exec::process::execute_oneshot(&mut call, shot, T::DTYPE, op, mine, count, stream.as_ref());
                 drop(guards);
                 return result;
             }

@@ -200,22 +200,30 @@ fn issue(
     record(&call.state.end, stream, r)
 }
 
-/// Enqueues this rank's part of a one-shot all-reduce of `count` elements among processes (see
-/// `gpu_kernels::oneshot`): the input is copied into this rank's scratch, which the peers have
-/// mapped, then ONE kernel reads every rank's copy, meets the peers' kernels at the device-side
-/// barrier over the mapped flag arrays, and writes `mine.recv`. The kernel ends only once every
-/// peer is done reading this rank's copy, so the next call may overwrite it. No signal, no
-/// event crosses processes. The caller checks that one-shot is possible (2 to `MAX_RANKS`
-/// ranks).
+/// Enqueues this rank's part of a one-shot or two-shot (`shot`) all-reduce of `count` elements
+/// among processes (see `gpu_kernels::oneshot`): the input is copied into this rank's scratch,
+/// which the peers have mapped, then ONE kernel per rank:
+/// * one-shot: reads every rank's copy, meets the peers' kernels at the device-side barrier
+///   over the mapped flag arrays, and writes `mine.recv`;
+/// * two-shot: each block folds a slice of this rank's shard of every rank's copy and writes it
+///   into every rank's scratch, past the copies ([`twoshot_out_offset`]); once the kernel ends,
+///   every shard of this rank's result is there, and one copy moves it to `mine.recv`.
+///
+/// The kernel ends only once every peer is done reading this rank's scratch (and, two-shot,
+/// writing it), so the next call may overwrite it. No signal, no event crosses processes. The
+/// caller checks that the kind is possible (2 to `MAX_RANKS` ranks) and that the scratch holds
+/// the call ([`scratch_for`]).
 pub fn execute_oneshot(
     call: &mut ProcessCall<'_>,
+    shot: super::oneshot::Shot,
     dtype: DataType,
     op: RedOp,
     mine: RankPtrs,
     count: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    use crate::driver::launch::OneShotArgs;
+    use super::oneshot::Shot;
+    use crate::driver::launch::{OneShotArgs, TwoShotArgs};
     use gpu_kernels::oneshot::MAX_RANKS;
     let st = &call.state;
     let (r, n) = (st.rank, st.sent.len());
@@ -228,47 +236,76 @@ pub fn execute_oneshot(
     let bytes = count
         .checked_mul(dtype.size())
         .ok_or_else(|| internal(format!("{count} elements overflow")))?;
-    if bytes > st.windows.scratch_bytes() {
-        return Err(internal(format!("one-shot all-reduce of {bytes} bytes exceeds the scratch")));
+    let needed = scratch_for(shot, bytes).ok_or_else(|| internal(format!("{bytes} bytes overflow")))?;
+    if needed > st.windows.scratch_bytes() {
+        return Err(internal(format!("an all-reduce of {bytes} bytes exceeds the scratch")));
     }
+    let out = twoshot_out_offset(bytes) as u64;
     let mut srcs = [0u64; MAX_RANKS];
+    let mut dsts = [0u64; MAX_RANKS];
     let mut flags = [0u64; MAX_RANKS];
     for q in 0..n {
         srcs[q] = st.windows.scratch()[q];
-        flags[q] = st
-            .windows
-            .oneshot_flags(q)
-            .ok_or_else(|| internal(format!("no flag array for rank {q}")))?;
+        dsts[q] = srcs[q] + out;
+        flags[q] = match shot {
+            Shot::One => st.windows.oneshot_flags(q),
+            Shot::Two { .. } => st.windows.twoshot_flags(q),
+        }
+        .ok_or_else(|| internal(format!("no flag array for rank {q}")))?;
     }
     call.health.check()?;
-    call.me.kernels.oneshot_ready(dtype, op, n)?;
+    match shot {
+        Shot::One => call.me.kernels.oneshot_ready(dtype, op, n).map(drop)?,
+        Shot::Two { blocks } => call.me.kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
+    }
     wait(stream, &st.end, r)?;
     // SAFETY: `mine.send` is `count` elements of this rank's input (validated by the
-    // collective) and `srcs[r]` this rank's own scratch of at least `bytes`; the previous call's
-    // end (waited for above) means no peer still reads it.
+    // collective) and `srcs[r]` this rank's own scratch of at least `needed` bytes (checked
+    // above); the previous call's end (waited for above) means no peer still reads it.
     unsafe {
         cudarc::driver::result::memcpy_dtod_async(srcs[r], mine.send, bytes, stream.cu_stream())
     }
     .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
-    let args = OneShotArgs {
-        srcs: &srcs[..n],
-        dst: mine.recv,
-        tmp: None,
-        count,
-        postdiv: u32::try_from(n).unwrap_or(u32::MAX),
-        flags: &flags[..n],
-        rank: r,
-        ctl: call.health.ctl(),
-        timeout_ns: call.health.timeout_ns(),
-    };
-    // SAFETY: every source is `count` elements of a rank's scratch mapped in this process, the
-    // destination this rank's validated output; the flag arrays are the ranks' flag areas,
-    // mapped for the communicator's life and used by no one but its one-shot kernels; the
-    // control block is the communicator's.
-    let launched = call
-        .health
-        .injected_failure(r)
-        .and_then(|()| unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) });
+    let (ctl, timeout_ns, postdiv) = (
+        call.health.ctl(),
+        call.health.timeout_ns(),
+        u32::try_from(n).unwrap_or(u32::MAX),
+    );
+    // SAFETY (both kernels): every source is `count` elements of a rank's scratch mapped in
+    // this process, every destination this rank's validated output or `count` elements of a
+    // rank's scratch past its copy (inside the scratch, checked above); the flag arrays are the
+    // ranks' flag areas, mapped for the communicator's life and used by no one but its
+    // one-shot (two-shot) kernels; the control block is the communicator's.
+    let launched = call.health.injected_failure(r).and_then(|()| match shot {
+        Shot::One => {
+            let args = OneShotArgs {
+                srcs: &srcs[..n],
+                dst: mine.recv,
+                tmp: None,
+                count,
+                postdiv,
+                flags: &flags[..n],
+                rank: r,
+                ctl,
+                timeout_ns,
+            };
+            unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
+        }
+        Shot::Two { blocks } => {
+            let args = TwoShotArgs {
+                srcs: &srcs[..n],
+                dsts: &dsts[..n],
+                count,
+                postdiv,
+                flags: &flags[..n],
+                rank: r,
+                blocks,
+                ctl,
+                timeout_ns,
+            };
+            unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
+        }
+    });
     if let Err(cause) = launched {
         // The peers' kernels wait at the barrier for this one (until their timeout): the job
         // cannot go on.
@@ -279,5 +316,35 @@ pub fn execute_oneshot(
         call.health.fail(e.clone());
         return Err(e);
     }
+    if let Shot::Two { .. } = shot {
+        // SAFETY: `dsts[r]` is `bytes` of this rank's scratch, written by every rank's kernel
+        // before this rank's kernel (ordered before this copy on the stream) ended;
+        // `mine.recv` is this rank's validated output.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(mine.recv, dsts[r], bytes, stream.cu_stream())
+        }
+        .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
+    }
     record(&call.state.end, stream, r)
+}
+
+/// Where a two-shot all-reduce of `bytes` among processes puts its results in each rank's
+/// scratch: after the copy of the input, at the next 256-byte boundary.
+///
+/// ```
+/// use ringccl::internals::exec::process::twoshot_out_offset;
+/// assert_eq!(twoshot_out_offset(1000), 1024);
+/// assert_eq!(twoshot_out_offset(1 << 20), 1 << 20);
+/// ```
+pub fn twoshot_out_offset(bytes: usize) -> usize {
+    bytes.div_ceil(256).saturating_mul(256)
+}
+
+/// Scratch bytes a one-shot (`shot`) all-reduce of `bytes` among processes needs: the copy of
+/// the input, and for two-shot the results after it; `None` on overflow.
+pub fn scratch_for(shot: super::oneshot::Shot, bytes: usize) -> Option<usize> {
+    match shot {
+        super::oneshot::Shot::One => Some(bytes),
+        super::oneshot::Shot::Two { .. } => twoshot_out_offset(bytes).checked_add(bytes),
+    }
 }

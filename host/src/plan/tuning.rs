@@ -142,6 +142,32 @@ pub fn all_reduce_algorithm(
     }
 }
 
+/// The algorithm of an all-reduce of `bytes` bytes per rank over `nranks` ranks in a job of
+/// processes of one machine (every peer's scratch mapped): one-shot up to
+/// [`Config::oneshot_max_bytes`], two-shot up to [`Config::twoshot_max_bytes`] (both through
+/// the scratch, 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks), the ring above; a forced
+/// algorithm wins where it can run (the copy engines cannot: the ring).
+///
+/// ```
+/// use ringccl::internals::plan::tuning::process_all_reduce_algorithm;
+/// use ringccl::{Algorithm, Config};
+/// let c = Config::default();
+/// assert_eq!(process_all_reduce_algorithm(4096, 2, &c), Algorithm::OneShot);
+/// assert_eq!(process_all_reduce_algorithm(1 << 20, 2, &c), Algorithm::TwoShot);
+/// assert_eq!(process_all_reduce_algorithm(64 << 20, 2, &c), Algorithm::Ring);
+/// assert_eq!(process_all_reduce_algorithm(4096, 16, &c), Algorithm::Ring);
+/// ```
+pub fn process_all_reduce_algorithm(bytes: usize, nranks: usize, config: &Config) -> Algorithm {
+    let direct = (2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks);
+    match config.algorithm {
+        Some(a @ (Algorithm::OneShot | Algorithm::TwoShot)) if direct => a,
+        Some(_) => Algorithm::Ring,
+        None if direct && bytes <= config.oneshot_max_bytes => Algorithm::OneShot,
+        None if direct && bytes <= config.twoshot_max_bytes => Algorithm::TwoShot,
+        None => Algorithm::Ring,
+    }
+}
+
 /// Bytes of a rank's shard that one block of the two-shot kernel takes at least: 8 KiB, one
 /// 16-byte vector per thread of a 512-thread block.
 pub const TWOSHOT_BYTES_PER_BLOCK: usize = 8 << 10;

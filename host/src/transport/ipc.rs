@@ -3,8 +3,8 @@
 //!
 //! Each rank allocates, with plain `cuMemAlloc` (what CUDA IPC exports):
 //! * a **flag area** of [`FLAG_BYTES`]: word `p` holds the latest signal count rank `p` wrote
-//!   there ([`crate::plan::signals`]), then the one-shot all-reduce's flag array; fixed size,
-//!   exchanged once;
+//!   there ([`crate::plan::signals`]), then the one-shot all-reduce's flag array, then the
+//!   two-shot all-reduce's flag region; fixed size, exchanged once;
 //! * a **scratch** buffer: the only memory of a rank that its peers read and write (shadows of
 //!   the caller's buffers, partial results: see [`crate::schedule::through_scratch`]). It grows with the
 //!   calls; growing is collective (every rank runs the same calls, so every rank grows at the
@@ -23,8 +23,10 @@ use crate::driver::{can_access_peer, enable_peer_access};
 use crate::{Error, Result};
 
 /// Bytes of a rank's flag area: one 8-byte signal word per possible peer, then the one-shot
-/// all-reduce's flag array (`gpu_kernels::oneshot::FLAG_WORDS` words).
-pub const FLAG_BYTES: usize = SIGNAL_BYTES + gpu_kernels::oneshot::FLAG_WORDS * 8;
+/// all-reduce's flag array (`gpu_kernels::oneshot::FLAG_WORDS` words), then the two-shot
+/// all-reduce's flag region (`TWO_SHOT_FLAG_WORDS` words).
+pub const FLAG_BYTES: usize =
+    SIGNAL_BYTES + (gpu_kernels::oneshot::FLAG_WORDS + gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS) * 8;
 
 /// Bytes of the signal words at the start of a flag area.
 pub const SIGNAL_BYTES: usize = MAX_PROCESS_RANKS * 8;
@@ -48,6 +50,9 @@ pub trait Exchange {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Published {
     pid: u32,
+    /// The device's streaming multiprocessors (the two-shot kernel's grid is the same on every
+    /// rank: at most one block per SM of the smallest GPU).
+    sms: u32,
     machine: u64,
     ordinal: u32,
     ptr: u64,
@@ -55,12 +60,13 @@ struct Published {
     handle: IpcHandle,
 }
 
-const PUBLISHED_BYTES: usize = 4 + 8 + 4 + 8 + 8 + 64;
+const PUBLISHED_BYTES: usize = 4 + 4 + 8 + 4 + 8 + 8 + 64;
 
 impl Published {
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(PUBLISHED_BYTES);
         v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.sms.to_le_bytes());
         v.extend_from_slice(&self.machine.to_le_bytes());
         v.extend_from_slice(&self.ordinal.to_le_bytes());
         v.extend_from_slice(&self.ptr.to_le_bytes());
@@ -82,13 +88,14 @@ impl Published {
             u64::from_le_bytes(a)
         };
         let mut handle = [0u8; 64];
-        handle.copy_from_slice(&b[32..96]);
+        handle.copy_from_slice(&b[36..100]);
         Ok(Published {
             pid: u32_at(0),
-            machine: u64_at(4),
-            ordinal: u32_at(12),
-            ptr: u64_at(16),
-            bytes: u64_at(24),
+            sms: u32_at(4),
+            machine: u64_at(8),
+            ordinal: u32_at(16),
+            ptr: u64_at(20),
+            bytes: u64_at(28),
             handle: IpcHandle(handle),
         })
     }
@@ -140,6 +147,8 @@ struct Shared {
     addr: Vec<u64>,
     /// Every rank's machine identifier ([`machine_id`]).
     machines: Vec<u64>,
+    /// Every rank's device's SM count.
+    sms: Vec<u32>,
 }
 
 impl Shared {
@@ -154,8 +163,12 @@ impl Shared {
     ) -> Result<Self> {
         let r = Some(rank);
         let own = DeviceAlloc::zeroed(ctx, bytes, r)?;
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::cuda("cuDeviceGetAttribute", r, e))?;
         let mine = Published {
             pid: std::process::id(),
+            sms: u32::try_from(sms).unwrap_or(1).max(1),
             machine,
             ordinal: ctx.ordinal() as u32,
             ptr: own.ptr(),
@@ -166,9 +179,11 @@ impl Shared {
         let mut reach = Vec::with_capacity(all.len());
         let mut addr = Vec::with_capacity(all.len());
         let mut machines = Vec::with_capacity(all.len());
+        let mut sms = Vec::with_capacity(all.len());
         for (q, b) in all.iter().enumerate() {
             let p = Published::decode(b, q)?;
             machines.push(p.machine);
+            sms.push(p.sms);
             if q == rank {
                 reach.push(Reach::Own);
                 addr.push(own.ptr());
@@ -215,6 +230,7 @@ impl Shared {
             reach,
             addr,
             machines,
+            sms,
         })
     }
 }
@@ -292,6 +308,17 @@ impl Windows {
         self.flags.addr.get(q).map(|base| base + SIGNAL_BYTES as u64)
     }
 
+    /// The address, in this process, of rank `q`'s two-shot flag region.
+    pub fn twoshot_flags(&self, q: usize) -> Option<u64> {
+        let at = SIGNAL_BYTES + gpu_kernels::oneshot::FLAG_WORDS * 8;
+        self.flags.addr.get(q).map(|base| base + at as u64)
+    }
+
+    /// The fewest SMs of any rank's device (the same answer on every rank).
+    pub fn min_sms(&self) -> u32 {
+        self.flags.sms.iter().copied().min().unwrap_or(1)
+    }
+
     /// Every rank's scratch address in this process.
     pub fn scratch(&self) -> &[u64] {
         &self.scratch.addr
@@ -331,6 +358,7 @@ mod tests {
     fn published_records_round_trip() {
         let p = Published {
             pid: 4242,
+            sms: 132,
             machine: 0x0123_4567_89ab_cdef,
             ordinal: 3,
             ptr: 0x7f00_0000_1000,
