@@ -399,7 +399,7 @@ impl Communicator {
             let shot = match algorithm {
                 Algorithm::OneShot => Some(exec::oneshot::Shot::One),
                 Algorithm::TwoShot => Some(exec::oneshot::Shot::Two {
-                    blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.min_sms()),
+                    blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.two_shot_sms()),
                 }),
                 _ => None,
             };

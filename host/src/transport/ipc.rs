@@ -149,6 +149,8 @@ struct Shared {
     machines: Vec<u64>,
     /// Every rank's device's SM count.
     sms: Vec<u32>,
+    /// Every rank's device ordinal.
+    ordinals: Vec<u32>,
 }
 
 impl Shared {
@@ -180,10 +182,12 @@ impl Shared {
         let mut addr = Vec::with_capacity(all.len());
         let mut machines = Vec::with_capacity(all.len());
         let mut sms = Vec::with_capacity(all.len());
+        let mut ordinals = Vec::with_capacity(all.len());
         for (q, b) in all.iter().enumerate() {
             let p = Published::decode(b, q)?;
             machines.push(p.machine);
             sms.push(p.sms);
+            ordinals.push(p.ordinal);
             if q == rank {
                 reach.push(Reach::Own);
                 addr.push(own.ptr());
@@ -231,6 +235,7 @@ impl Shared {
             addr,
             machines,
             sms,
+            ordinals,
         })
     }
 }
@@ -314,9 +319,23 @@ impl Windows {
         self.flags.addr.get(q).map(|base| base + at as u64)
     }
 
-    /// The fewest SMs of any rank's device (the same answer on every rank).
-    pub fn min_sms(&self) -> u32 {
-        self.flags.sms.iter().copied().min().unwrap_or(1)
+    /// The SMs a two-shot kernel may fill on every rank's device (the same answer on every
+    /// rank): the fewest SMs of any rank's device, divided by the most ranks that share one
+    /// device (processes on one GPU, under MPS), so that every block of every rank can be
+    /// resident at once (each block waits at its barriers for the peers' same-numbered
+    /// blocks).
+    pub fn two_shot_sms(&self) -> u32 {
+        let f = &self.flags;
+        let min = f.sms.iter().copied().min().unwrap_or(1);
+        let share = (0..f.ordinals.len())
+            .map(|q| {
+                (0..f.ordinals.len())
+                    .filter(|&p| f.ordinals[p] == f.ordinals[q] && f.machines[p] == f.machines[q])
+                    .count()
+            })
+            .max()
+            .unwrap_or(1);
+        (min / u32::try_from(share).unwrap_or(u32::MAX).max(1)).max(1)
     }
 
     /// Every rank's scratch address in this process.
