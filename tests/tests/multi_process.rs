@@ -542,12 +542,17 @@ fn run_ranks(test: &str, n: usize, env: &[(&str, &str)], limit: Duration) {
 }
 
 /// The ranks' processes of a job of every visible GPU (at most 8), each running
-/// `rank_of_a_job`.
+/// `rank_of_a_job`; `RINGCCL_TEST_PROCESSES=N` runs N processes instead, rank r on GPU
+/// `r % gpus` (more processes than GPUs need the MPS daemon, so that the processes sharing a
+/// GPU run at once).
 #[test]
-#[ignore = "needs 2+ CUDA GPUs"]
+#[ignore = "needs 2+ CUDA GPUs (or RINGCCL_TEST_PROCESSES and MPS)"]
 fn every_collective_across_processes() {
     let ctx = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
-    let n = (ctx as usize).min(8);
+    let n = match std::env::var("RINGCCL_TEST_PROCESSES") {
+        Ok(v) => v.parse().expect("RINGCCL_TEST_PROCESSES: a process count"),
+        Err(_) => (ctx as usize).min(8),
+    };
     assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
     run_ranks("rank_of_a_job", n, &[], Duration::from_secs(240));
     println!("{n} processes: every rank passed");
