@@ -24,6 +24,10 @@ T0=$SECONDS
 step() { # name timeout cmd...
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
+  if [ $((SECONDS - T0 + limit)) -gt "${BUDGET:-540}" ]; then
+    limit=$(( ${BUDGET:-540} - (SECONDS - T0) ))
+    if [ "$limit" -lt 10 ]; then echo "=== $name: SKIPPED (time)" | tee -a "$OUT/steps.log"; SUMMARY+=("$name: SKIPPED (time)"); return; fi
+  fi
   echo "=== $name: $*" | tee -a "$OUT/steps.log"
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
@@ -54,6 +58,53 @@ if has rt; then
     step small-rt-untracked-$i 60 env RINGCCL_RANK_THREADS=1 $P --untracked -t all_reduce -d float -b 8 -e 256K -f 4 -n 200 -w 20 --no-progress --json "$OUT/small-rt-untracked-$i.json"
   done
   step procs-small 90 $R -n 2 $P --procs 2 -t all_reduce -d float -b 8 -e 1M -f 4 -n 100 -w 10 --no-progress --json "$OUT/procs-small.json"
+fi
+if has two; then
+  export RINGCCL_TIMEOUT=30
+  step two-suite 200 $B/tests/test-collectives --include-ignored --test-threads=1
+  step two-forced 120 env RINGCCL_ALGO=twoshot $B/tests/test-collectives --include-ignored --test-threads=1 all_reduce
+  step two-stress 90 $B/tests/test-stress --include-ignored --nocapture
+  AR=(-t all_reduce -d float,bfloat16 -b 256K -e 32M -f 2 -n 50 -w 10 --no-progress)
+  for i in 1 2; do
+    step two-default-$i 90 $P "${AR[@]}" --json "$OUT/two-default-$i.json"
+    step two-ring-$i 90 env RINGCCL_TWOSHOT_MAX_BYTES=0 $P "${AR[@]}" --json "$OUT/two-ring-$i.json"
+  done
+  step two-large 90 env RINGCCL_ALGO=twoshot $P --lib ringccl -t all_reduce -d float -b 8M -e 256M -f 2 -n 20 -w 5 --no-progress --json "$OUT/two-large.json"
+  step two-procs 60 $R -n 2 $P --procs 2 -t all_reduce -d float -b 8 -e 1M -f 8 -n 50 -w 5 --no-progress --json "$OUT/two-procs.json"
+fi
+if has procs2; then
+  export RINGCCL_TIMEOUT=30
+  step p2-suite 150 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step p2-forced 150 env RINGCCL_ALGO=twoshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step p2-inproc-forced 120 $B/tests/test-collectives --include-ignored --test-threads=1 --nocapture all_reduce_two_shot
+  PA=(-t all_reduce -d float,bfloat16 -b 256K -e 32M -f 2 -n 30 -w 5 --no-progress)
+  for i in 1 2; do
+    step p2-default-$i 90 $R -n 2 $P --procs 2 "${PA[@]}" --json "$OUT/p2-default-$i.json"
+    step p2-ring-$i 90 env RINGCCL_TWOSHOT_MAX_BYTES=0 $R -n 2 $P --procs 2 "${PA[@]}" --json "$OUT/p2-ring-$i.json"
+  done
+  step p2-small 60 $R -n 2 $P --procs 2 -t all_reduce -d float -b 8 -e 256K -f 8 -n 100 -w 10 --no-progress --json "$OUT/p2-small.json"
+fi
+if has mps1; then
+  export RINGCCL_TIMEOUT=30 CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "MPS started" | tee -a "$OUT/steps.log"
+  step m1-suite 150 env RINGCCL_TEST_PROCESSES=2 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step m1-forced 150 env RINGCCL_TEST_PROCESSES=2 RINGCCL_ALGO=twoshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step m1-four 150 env RINGCCL_TEST_PROCESSES=4 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step m1-machines 150 env "${UCX[@]}" $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_two_machines
+  PA=(--lib ringccl -t all_reduce -d float -b 256K -e 32M -f 2 -n 30 -w 5 --no-progress)
+  two_on_one() { # name env...: two processes on GPU 0
+    local name=$1 port=$((29700 + RANDOM % 200)); shift
+    echo "=== $name: 2 processes on GPU 0 (MPS), env $*: ringccl-perf --procs 2 ${PA[*]}" | tee -a "$OUT/steps.log"
+    for r in 0 1; do
+      env RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" \
+        timeout 80 $P --procs 2 "${PA[@]}" --json "$OUT/$name.json" > "$OUT/$name-r$r.log" 2>&1 &
+    done
+    wait; tail -n 12 "$OUT/$name-r0.log"; SUMMARY+=("$name: done")
+  }
+  two_on_one m1-default DEFAULTS=1
+  two_on_one m1-ring RINGCCL_TWOSHOT_MAX_BYTES=0
+  echo quit | nvidia-cuda-mps-control
 fi
 if has ncu; then
   NCU=(ncu --clock-control none --set full)
