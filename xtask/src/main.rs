@@ -1,8 +1,9 @@
 //! ringccl's build driver: `cargo xtask <command>`.
 //!
-//! * `build-ptx [--check]`: compile `gpu-kernels` to `gpu-kernels/ptx/ringccl_sm{90,80}.ptx`,
-//!   assemble each into a cubin with ptxas, and write the zstd-compressed PTX and cubins next to
-//!   them (with `--check`: build, check, and compare with the committed files instead); then
+//! * `build-ptx [--check]`: compile `gpu-kernels` to PTX (`target/ptx-out/ringccl_sm{90,80}.ptx`),
+//!   assemble each into a cubin with ptxas, and write the zstd-compressed PTX and cubins to
+//!   `gpu-kernels/ptx/` (with `--check`: build, check, and compare with the committed files
+//!   instead); then
 //!   the same for the training example's kernels (`examples/train-mlp/ptx/train_mlp.ptx`).
 //! * `gpu-bundle [--out DIR]`: release test/bench binaries + kernels + `run-all.sh` for a GPU
 //!   machine.
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
-  build-ptx [--check]     compile gpu-kernels to gpu-kernels/ptx/ringccl_sm{90,80}.ptx, assemble the
+  build-ptx [--check]     compile gpu-kernels to target/ptx-out/ringccl_sm{90,80}.ptx, assemble the
                           cubins with ptxas, write the compressed PTX and cubins (*.zst, cubins.txt);
                           --check: build and compare with the committed files instead of writing them;
                           also the training example's examples/train-mlp/ptx/train_mlp.ptx
