@@ -19,12 +19,15 @@
 //! * [`EntryKind::ReduceCopy`]: `a, b, dst0, dst1 (0 = none), count: u64, postdiv: u32`
 //! * [`EntryKind::OneShot`]: `s0..s7 (every rank's input in rank order, unused = 0), nsrc: u32
 //!   (= nranks), dst, tmp (0 = out of place), count: u64, postdiv: u32, my_flags, f0..f7
-//!   (every rank's flag array, unused = 0), rank: u32, ctl (the control block), timeout_ns: u64`;
+//!   (every rank's flag array, unused = 0), rank: u32, ctl (the control block), timeout_ns: u64,
+//!   stage (0, or this rank's input, first copied to its `s{rank}`: ranks in other processes)`;
 //!   launch exactly one block per rank (see [`crate::oneshot`]). Both lists have [`MAX_RANKS`]
 //!   slots.
 //! * [`EntryKind::TwoShot`]: `s0..s7 (every rank's input), nsrc: u32, d0..d7 (every rank's
 //!   output), count: u64, postdiv: u32, my_flags, f0..f7 (every rank's two-shot flag region),
-//!   rank: u32, ctl, timeout_ns: u64`; every rank launches the same number of blocks, at most
+//!   rank: u32, ctl, timeout_ns: u64, stage_in, stage_out` (0, or this rank's input, first
+//!   copied to its `s{rank}`, and its output, to which `d{rank}` is copied at the end: ranks in
+//!   other processes); every rank launches the same number of blocks, at most
 //!   [`MAX_TWO_SHOT_BLOCKS`](crate::oneshot::MAX_TWO_SHOT_BLOCKS) (see
 //!   [`crate::oneshot::two_shot_slice`]).
 //!

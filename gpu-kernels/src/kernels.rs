@@ -161,6 +161,7 @@ macro_rules! kernel {
                 rank: u32,
                 ctl: *mut u64,
                 timeout_ns: u64,
+                stage: *const $t,
             ) {
                 use crate::oneshot::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
@@ -179,6 +180,7 @@ macro_rules! kernel {
                         rank as usize,
                         ctl,
                         timeout_ns,
+                        stage,
                     )
                 }
             }
@@ -226,6 +228,8 @@ macro_rules! kernel {
                 rank: u32,
                 ctl: *mut u64,
                 timeout_ns: u64,
+                stage_in: *const $t,
+                stage_out: *mut $t,
             ) {
                 use crate::oneshot::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
@@ -244,6 +248,7 @@ macro_rules! kernel {
                         rank as usize,
                         ctl,
                         timeout_ns,
+                        (stage_in, stage_out),
                     )
                 }
             }

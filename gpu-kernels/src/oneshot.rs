@@ -358,7 +358,9 @@ mod dev {
     /// writable for `count`; `tmp` null (out of place) or writable for `count` and not
     /// overlapping anything else (in place: `dst == srcs[rank]`); `flags[0..nsrc]` every rank's
     /// flag array (`flags[rank] == my_flags`), all accessible from this GPU;
-    /// `rank < nsrc ≤ MAX_RANKS`; `ctl` the control block (see the module docs).
+    /// `rank < nsrc ≤ MAX_RANKS`; `ctl` the control block (see the module docs); `stage` null or
+    /// this rank's input (`count` elements, copied into `srcs[rank]` before the barrier: ranks
+    /// in other processes read the copy).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce<T: Element, O: ReduceOp>(
@@ -373,6 +375,7 @@ mod dev {
         rank: usize,
         ctl: *mut u64,
         timeout_ns: u64,
+        stage: *const T,
     ) {
         // SAFETY: reading special registers has no side effects.
         let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
@@ -393,6 +396,14 @@ mod dev {
                     theirs = flags[i];
                 }
                 i += 1;
+            }
+
+            // 0. Staged: my input first goes where the peers read it (`srcs[rank]`).
+            if !stage.is_null() {
+                let mine = pick(srcs, rank) as *mut T;
+                reduce_copy::<T, Sum, 1>(grid, [stage], 1, mine, core::ptr::null_mut(), count, 1);
+                fence_sys();
+                _syncthreads();
             }
 
             // 1. Arrive: my input is ready; wait until every peer's is.
@@ -483,7 +494,10 @@ mod dev {
     /// `nsrc` destinations writable for `count` elements (rank order; a rank's destination
     /// either equals its source or does not overlap any source or destination);
     /// `flags[0..nsrc]` every rank's two-shot flag region (`flags[rank] == my_flags`), all
-    /// accessible from this GPU; `2 ≤ nsrc ≤ MAX_RANKS`, `rank < nsrc`; `ctl` the control block.
+    /// accessible from this GPU; `2 ≤ nsrc ≤ MAX_RANKS`, `rank < nsrc`; `ctl` the control block;
+    /// `stage_in` null or this rank's input (`count` elements, copied slice by slice into
+    /// `srcs[rank]` before the first barrier), `stage_out` null or this rank's output (written
+    /// from `dsts[rank]` after the second; it may equal `stage_in`).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn two_shot<T: Element, O: ReduceOp>(
@@ -497,6 +511,7 @@ mod dev {
         rank: usize,
         ctl: *mut u64,
         timeout_ns: u64,
+        (stage_in, stage_out): (*const T, *mut T),
     ) {
         // SAFETY: reading special registers has no side effects.
         let (tid, threads, block, blocks) = unsafe {
@@ -519,6 +534,31 @@ mod dev {
             let epoch = core::ptr::read_volatile(mine.add(COUNTER)).wrapping_add(1);
             let peer = tid < nsrc && tid < MAX_RANKS && tid != rank;
             let theirs = pick(flags, tid).wrapping_add(block * FLAG_WORDS);
+
+            // 0. Staged: the parts of my input the peers' block `block` reads (slice `block` of
+            // every shard) first go where they read them (`srcs[rank]`).
+            if !stage_in.is_null() {
+                let to = pick(srcs, rank) as *mut T;
+                let mut q = 0;
+                while q < nsrc {
+                    let (a, b) = super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block);
+                    if a < b {
+                        let (from, at) = ([stage_in.add(a)], to.add(a));
+                        reduce_copy::<T, Sum, 1>(
+                            grid,
+                            from,
+                            1,
+                            at,
+                            core::ptr::null_mut(),
+                            b - a,
+                            1,
+                        );
+                    }
+                    q += 1;
+                }
+                fence_sys();
+                _syncthreads();
+            }
 
             // 1. Arrive: my input and output are ready; wait until every peer's are.
             let fail = mine.add(FAILED);
@@ -571,7 +611,30 @@ mod dev {
                     core::ptr::write_volatile(fail, epoch);
                 }
             }
-            let _ = sync_failed(fail, epoch);
+            let failed = sync_failed(fail, epoch);
+
+            // 4. Staged: slice `block` of every shard of my result is in `dsts[rank]` now (the
+            // peers' block `block` wrote it before departing); it goes to the caller's output.
+            if !stage_out.is_null() && !failed {
+                let from = pick(dsts, rank) as *const T;
+                let mut q = 0;
+                while q < nsrc {
+                    let (a, b) = super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block);
+                    if a < b {
+                        let at = stage_out.add(a);
+                        reduce_copy::<T, Sum, 1>(
+                            grid,
+                            [from.add(a)],
+                            1,
+                            at,
+                            core::ptr::null_mut(),
+                            b - a,
+                            1,
+                        );
+                    }
+                    q += 1;
+                }
+            }
             if tid == 0 {
                 core::ptr::write_volatile(mine.add(COUNTER), epoch);
             }

@@ -188,7 +188,7 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
         }
         EntryKind::ReduceCopy => args.len() == 6 && u64s(&args[..5]) && !args[5].is_u64(),
         EntryKind::OneShot => {
-            args.len() == 25
+            args.len() == 26
                 && u64s(&args[..8])
                 && !args[8].is_u64()
                 && u64s(&args[9..12])
@@ -198,7 +198,7 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
                 && u64s(&args[23..])
         }
         EntryKind::TwoShot => {
-            args.len() == 31
+            args.len() == 33
                 && u64s(&args[..8])
                 && !args[8].is_u64()
                 && u64s(&args[9..18])

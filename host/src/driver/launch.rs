@@ -117,6 +117,9 @@ pub(crate) struct OneShotArgs<'a> {
     pub ctl: u64,
     /// How long a wait at the barrier may last, in nanoseconds (0: until aborted).
     pub timeout_ns: u64,
+    /// This rank's input, which the kernel first copies into `srcs[rank]` (ranks in other
+    /// processes, which read the copy), else `None`.
+    pub stage: Option<u64>,
 }
 
 /// The arguments of one rank's two-shot all-reduce kernel (see `gpu_kernels::oneshot`, "The
@@ -141,6 +144,9 @@ pub(crate) struct TwoShotArgs<'a> {
     pub ctl: u64,
     /// How long a wait at a barrier may last, in nanoseconds (0: until aborted).
     pub timeout_ns: u64,
+    /// This rank's input and output, when `srcs[rank]` and `dsts[rank]` are copies of them
+    /// that the kernel fills first and empties last (ranks in other processes), else `None`.
+    pub stage: Option<(u64, u64)>,
 }
 
 /// The arguments of one bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
@@ -296,7 +302,8 @@ impl Kernels {
             args.flags[args.rank],
             args.rank as u32,
         );
-        let mut params = [std::ptr::null_mut(); 2 * MAX_RANKS + 9];
+        let stage = args.stage.unwrap_or(0);
+        let mut params = [std::ptr::null_mut(); 2 * MAX_RANKS + 10];
         for (p, v) in params.iter_mut().zip(&s) {
             *p = param(v);
         }
@@ -314,9 +321,10 @@ impl Kernels {
         params[2 * MAX_RANKS + 6] = param(&rank);
         params[2 * MAX_RANKS + 7] = param(&args.ctl);
         params[2 * MAX_RANKS + 8] = param(&args.timeout_ns);
+        params[2 * MAX_RANKS + 9] = param(&stage);
         // SAFETY: `ringccl_oneshot_*(u64 × MAX_RANKS, u32 nsrc, u64 dst, u64 tmp, u64 count,
-        // u32 postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns)`; the
-        // caller guarantees the memory.
+        // u32 postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns, u64
+        // stage)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 
@@ -378,7 +386,8 @@ impl Kernels {
         d[..n].copy_from_slice(args.dsts);
         fl[..n].copy_from_slice(args.flags);
         let (nsrc, count, my_flags, rank) = (n as u32, args.count as u64, args.flags[args.rank], args.rank as u32);
-        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 7];
+        let (stage_in, stage_out) = args.stage.unwrap_or((0, 0));
+        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 9];
         let (ps, rest) = params.split_at_mut(MAX_RANKS);
         for (p, v) in ps.iter_mut().zip(&s) {
             *p = param(v);
@@ -392,10 +401,16 @@ impl Kernels {
         for (p, v) in rest[3..3 + MAX_RANKS].iter_mut().zip(&fl) {
             *p = param(v);
         }
-        rest[3 + MAX_RANKS..].copy_from_slice(&[param(&rank), param(&args.ctl), param(&args.timeout_ns)]);
+        rest[3 + MAX_RANKS..].copy_from_slice(&[
+            param(&rank),
+            param(&args.ctl),
+            param(&args.timeout_ns),
+            param(&stage_in),
+            param(&stage_out),
+        ]);
         // SAFETY: `ringccl_twoshot_*(u64 × MAX_RANKS, u32 nsrc, u64 × MAX_RANKS, u64 count, u32
-        // postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns)`; the
-        // caller guarantees the memory.
+        // postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns, u64
+        // stage_in, u64 stage_out)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 

@@ -149,6 +149,7 @@ pub fn execute<S: AsRef<CudaStream>>(
                         rank: r,
                         ctl,
                         timeout_ns,
+                        stage: None,
                     };
                     // SAFETY: the collective validated every rank's `count`-element buffers
                     // (inputs and outputs on their own devices, outputs not partially
@@ -169,6 +170,7 @@ pub fn execute<S: AsRef<CudaStream>>(
                         blocks,
                         ctl,
                         timeout_ns,
+                        stage: None,
                     };
                     // SAFETY: as for the one-shot kernel, for every rank's input and output
                     // (a rank's output equals its input or overlaps neither, validated); the

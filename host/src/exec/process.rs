@@ -201,13 +201,13 @@ fn issue(
 }
 
 /// Enqueues this rank's part of a one-shot or two-shot (`shot`) all-reduce of `count` elements
-/// among processes (see `gpu_kernels::oneshot`): the input is copied into this rank's scratch,
-/// which the peers have mapped, then ONE kernel per rank:
+/// among processes (see `gpu_kernels::oneshot`): ONE kernel per rank, which first copies the
+/// input into this rank's scratch (which the peers have mapped), then:
 /// * one-shot: reads every rank's copy, meets the peers' kernels at the device-side barrier
 ///   over the mapped flag arrays, and writes `mine.recv`;
 /// * two-shot: each block folds a slice of this rank's shard of every rank's copy and writes it
-///   into every rank's scratch, past the copies ([`twoshot_out_offset`]); once the kernel ends,
-///   every shard of this rank's result is there, and one copy moves it to `mine.recv`.
+///   into every rank's scratch, past the copies ([`twoshot_out_offset`]); after its second
+///   barrier each block copies its slices of this rank's result from there to `mine.recv`.
 ///
 /// The kernel ends only once every peer is done reading this rank's scratch (and, two-shot,
 /// writing it), so the next call may overwrite it. No signal, no event crosses processes. The
@@ -259,13 +259,19 @@ pub fn execute_oneshot(
         Shot::Two { blocks } => call.me.kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
     }
     wait(stream, &st.end, r)?;
-    // SAFETY: `mine.send` is `count` elements of this rank's input (validated by the
-    // collective) and `srcs[r]` this rank's own scratch of at least `needed` bytes (checked
-    // above); the previous call's end (waited for above) means no peer still reads it.
-    unsafe {
-        cudarc::driver::result::memcpy_dtod_async(srcs[r], mine.send, bytes, stream.cu_stream())
+    // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
+    // is slower than the driver's, which then runs before it on the stream.
+    let stage_in_kernel = matches!(shot, Shot::Two { .. }) || bytes <= STAGE_IN_KERNEL_MAX_BYTES;
+    if !stage_in_kernel {
+        // SAFETY: `mine.send` is `count` elements of this rank's input (validated by the
+        // collective) and `srcs[r]` this rank's own scratch of at least `needed` bytes
+        // (checked above); the previous call's end (waited for above) means no peer still
+        // reads it.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(srcs[r], mine.send, bytes, stream.cu_stream())
+        }
+        .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
     }
-    .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
     let (ctl, timeout_ns, postdiv) = (
         call.health.ctl(),
         call.health.timeout_ns(),
@@ -273,7 +279,9 @@ pub fn execute_oneshot(
     );
     // SAFETY (both kernels): every source is `count` elements of a rank's scratch mapped in
     // this process, every destination this rank's validated output or `count` elements of a
-    // rank's scratch past its copy (inside the scratch, checked above); the flag arrays are the
+    // rank's scratch past its copy (inside the scratch, checked above); the staged input and
+    // output are this rank's validated buffers, and its scratch is free (the previous call's
+    // end, waited for above, means no peer still reads or writes it); the flag arrays are the
     // ranks' flag areas, mapped for the communicator's life and used by no one but its
     // one-shot (two-shot) kernels; the control block is the communicator's.
     let launched = call.health.injected_failure(r).and_then(|()| match shot {
@@ -288,6 +296,7 @@ pub fn execute_oneshot(
                 rank: r,
                 ctl,
                 timeout_ns,
+                stage: stage_in_kernel.then_some(mine.send),
             };
             unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
         }
@@ -302,6 +311,7 @@ pub fn execute_oneshot(
                 blocks,
                 ctl,
                 timeout_ns,
+                stage: Some((mine.send, mine.recv)),
             };
             unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
         }
@@ -316,17 +326,14 @@ pub fn execute_oneshot(
         call.health.fail(e.clone());
         return Err(e);
     }
-    if let Shot::Two { .. } = shot {
-        // SAFETY: `dsts[r]` is `bytes` of this rank's scratch, written by every rank's kernel
-        // before this rank's kernel (ordered before this copy on the stream) ended;
-        // `mine.recv` is this rank's validated output.
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(mine.recv, dsts[r], bytes, stream.cu_stream())
-        }
-        .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
-    }
     record(&call.state.end, stream, r)
 }
+
+/// Largest one-shot all-reduce among processes whose kernel copies the input into the scratch
+/// itself (one launch fewer); above it the driver's copy, on many more SMs, runs first. On one
+/// H200 with two processes under MPS, the one-block copy made a 256 KiB call 22.5 µs against
+/// 18.8 µs with the driver's (`docs/perf/README.md`).
+pub const STAGE_IN_KERNEL_MAX_BYTES: usize = 64 << 10;
 
 /// Where a two-shot all-reduce of `bytes` among processes puts its results in each rank's
 /// scratch: after the copy of the input, at the next 256-byte boundary.
