@@ -90,6 +90,7 @@ if has mps1; then
   nvidia-cuda-mps-control -d && echo "MPS started" | tee -a "$OUT/steps.log"
   step m1-suite 150 env RINGCCL_TEST_PROCESSES=2 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
   step m1-forced 150 env RINGCCL_TEST_PROCESSES=2 RINGCCL_ALGO=twoshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step m1-oneshot 150 env RINGCCL_TEST_PROCESSES=2 RINGCCL_ALGO=oneshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
   step m1-four 150 env RINGCCL_TEST_PROCESSES=4 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
   step m1-machines 150 env "${UCX[@]}" $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_two_machines
   PA=(--lib ringccl -t all_reduce -d float -b 256K -e 32M -f 2 -n 30 -w 5 --no-progress)
@@ -104,6 +105,30 @@ if has mps1; then
   }
   two_on_one m1-default DEFAULTS=1
   two_on_one m1-ring RINGCCL_TWOSHOT_MAX_BYTES=0
+  PA=(--lib ringccl -t all_reduce -d float -b 8 -e 256K -f 8 -n 200 -w 20 --no-progress)
+  two_on_one m1-small DEFAULTS=1
+  echo quit | nvidia-cuda-mps-control
+fi
+if has ab; then
+  export RINGCCL_TIMEOUT=30 CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "MPS started" | tee -a "$OUT/steps.log"
+  step ab-suite 150 env RINGCCL_TEST_PROCESSES=2 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step ab-oneshot 150 env RINGCCL_TEST_PROCESSES=2 RINGCCL_ALGO=oneshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  ab_run() { # name perf-binary
+    local name=$1 bin=$2 port=$((29700 + RANDOM % 200))
+    echo "=== $name: 2 processes on GPU 0 (MPS): $bin --procs 2 ${PA[*]}" | tee -a "$OUT/steps.log"
+    for r in 0 1; do
+      env RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        timeout 80 $bin --procs 2 "${PA[@]}" --json "$OUT/$name.json" > "$OUT/$name-r$r.log" 2>&1 &
+    done
+    wait; tail -n 10 "$OUT/$name-r0.log"; SUMMARY+=("$name: done")
+  }
+  PA=(--lib ringccl -t all_reduce -d float -b 8 -e 256K -f 8 -n 200 -w 20 --no-progress)
+  for i in 1 2 3; do
+    ab_run ab-kernel-$i $P
+    ab_run ab-memcpy-$i $B/bin/bin-ringccl-perf-memcpy
+  done
   echo quit | nvidia-cuda-mps-control
 fi
 if has ncu; then
