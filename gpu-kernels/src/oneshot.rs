@@ -328,6 +328,40 @@ mod dev {
         true
     }
 
+    /// One meeting of a barrier (see the module docs): if `go`, tells the peer this thread
+    /// stands for (`tid`, whose flag array is `theirs`) that this rank reached `word` (0:
+    /// arrive, 1: depart) of `epoch`, and waits until that peer says the same in `mine`, this
+    /// rank's flag array; a wait that gives up writes `epoch` into `mine`'s failure word. Then
+    /// `bar.sync`; returns whether any thread's wait of this call failed.
+    ///
+    /// # Safety
+    /// As for [`wait_at_least`] and [`sync_failed`]; `theirs` valid when `go`; every thread of
+    /// the block calls this at the same point.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn meet(
+        go: bool,
+        (theirs, mine): (*mut u64, *mut u64),
+        word: usize,
+        epoch: u64,
+        ctl: *mut u64,
+        timeout_ns: u64,
+        rank: usize,
+        tid: usize,
+    ) -> bool {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let fail = mine.add(FAILED);
+            if go {
+                store_release(theirs.add(2 * rank + word), epoch);
+                if !wait_at_least(mine.add(2 * tid + word), epoch, ctl, timeout_ns, rank, tid) {
+                    core::ptr::write_volatile(fail, epoch);
+                }
+            }
+            sync_failed(fail, epoch)
+        }
+    }
+
     /// The body of `ringccl_wait_geq` (see [`super::WAIT_ENTRY`]): thread 0 waits.
     ///
     /// # Safety
@@ -407,14 +441,8 @@ mod dev {
             }
 
             // 1. Arrive: my input is ready; wait until every peer's is.
-            let fail = my_flags.add(FAILED);
-            if peer {
-                store_release(theirs.add(2 * rank), epoch);
-                if !wait_at_least(my_flags.add(2 * tid), epoch, ctl, timeout_ns, rank, tid) {
-                    core::ptr::write_volatile(fail, epoch);
-                }
-            }
-            let failed = sync_failed(fail, epoch);
+            let pair = (theirs, my_flags);
+            let failed = meet(peer, pair, 0, epoch, ctl, timeout_ns, rank, tid);
 
             // 2. Compute, in rank order (not after a failed wait: a peer's input may not be
             // ready, and the call has failed anyway).
@@ -433,13 +461,7 @@ mod dev {
 
             // 3. Depart: I am done reading your inputs; wait until everyone is done with mine.
             _syncthreads();
-            if peer && !failed {
-                store_release(theirs.add(2 * rank + 1), epoch);
-                if !wait_at_least(my_flags.add(2 * tid + 1), epoch, ctl, timeout_ns, rank, tid) {
-                    core::ptr::write_volatile(fail, epoch);
-                }
-            }
-            let failed = sync_failed(fail, epoch);
+            let failed = meet(peer && !failed, pair, 1, epoch, ctl, timeout_ns, rank, tid);
 
             // 4. In place: nobody reads my input any more; overwrite it with the result.
             if !tmp.is_null() && !failed {
@@ -561,14 +583,8 @@ mod dev {
             }
 
             // 1. Arrive: my input and output are ready; wait until every peer's are.
-            let fail = mine.add(FAILED);
-            if peer {
-                store_release(theirs.add(2 * rank), epoch);
-                if !wait_at_least(mine.add(2 * tid), epoch, ctl, timeout_ns, rank, tid) {
-                    core::ptr::write_volatile(fail, epoch);
-                }
-            }
-            let failed = sync_failed(fail, epoch);
+            let pair = (theirs, mine);
+            let failed = meet(peer, pair, 0, epoch, ctl, timeout_ns, rank, tid);
 
             // 2. Fold my slice of every input (rank order) into my output and the next rank's,
             // then copy it into the other ranks' outputs, two at a time.
@@ -605,13 +621,7 @@ mod dev {
             // flag; wait until every peer is done with my slice of its work.
             fence_sys();
             _syncthreads();
-            if peer && !failed {
-                store_release(theirs.add(2 * rank + 1), epoch);
-                if !wait_at_least(mine.add(2 * tid + 1), epoch, ctl, timeout_ns, rank, tid) {
-                    core::ptr::write_volatile(fail, epoch);
-                }
-            }
-            let failed = sync_failed(fail, epoch);
+            let failed = meet(peer && !failed, pair, 1, epoch, ctl, timeout_ns, rank, tid);
 
             // 4. Staged: slice `block` of every shard of my result is in `dsts[rank]` now (the
             // peers' block `block` wrote it before departing); it goes to the caller's output.
