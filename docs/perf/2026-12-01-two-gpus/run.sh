@@ -131,6 +131,40 @@ if has ab; then
   done
   echo quit | nvidia-cuda-mps-control
 fi
+if has final; then
+  export RINGCCL_TIMEOUT=30
+  step f-suite 200 $B/tests/test-collectives --include-ignored --test-threads=1 --nocapture
+  step f-stress 60 $B/tests/test-stress --include-ignored --nocapture
+  step f-procs 120 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step f-procs-two 120 env RINGCCL_ALGO=twoshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step f-two 60 $P -t all_reduce -d float,bfloat16 -b 256K -e 32M -f 2 -n 50 -w 10 --no-progress --json "$OUT/f-two.json"
+  for i in 1 2; do
+    step f-procs-ar-$i 90 $R -n 2 $P --procs 2 -t all_reduce -d float,bfloat16 -b 8 -e 32M -f 4 -n 50 -w 10 --no-progress --json "$OUT/f-procs-ar-$i.json"
+  done
+  step f-small 60 $P -t all_reduce -d float -b 8 -e 256K -f 8 -n 200 -w 20 --no-progress --json "$OUT/f-small.json"
+fi
+if has last1; then
+  export RINGCCL_TIMEOUT=30 CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "MPS started" | tee -a "$OUT/steps.log"
+  step l-suite 150 env RINGCCL_TEST_PROCESSES=2 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step l-two 150 env RINGCCL_TEST_PROCESSES=2 RINGCCL_ALGO=twoshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step l-one 150 env RINGCCL_TEST_PROCESSES=2 RINGCCL_ALGO=oneshot $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step l-four 150 env RINGCCL_TEST_PROCESSES=4 $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step l-machines 150 env "${UCX[@]}" $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_two_machines
+  PA=(--lib ringccl -t all_reduce -d float -b 8 -e 32M -f 8 -n 100 -w 10 --no-progress)
+  ab_run2() { # name
+    local name=$1 port=$((29700 + RANDOM % 200))
+    echo "=== $name: 2 processes on GPU 0 (MPS): ringccl-perf --procs 2 ${PA[*]}" | tee -a "$OUT/steps.log"
+    for r in 0 1; do
+      env RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        timeout 80 $P --procs 2 "${PA[@]}" --json "$OUT/$name.json" > "$OUT/$name-r$r.log" 2>&1 &
+    done
+    wait; tail -n 10 "$OUT/$name-r0.log"; SUMMARY+=("$name: done")
+  }
+  ab_run2 l-perf
+  echo quit | nvidia-cuda-mps-control
+fi
 if has ncu; then
   NCU=(ncu --clock-control none --set full)
   step ncu-ring 150 env RINGCCL_ALGO=ring "${NCU[@]}" -k regex:ringccl_reduce_copy -c 2 $P --lib ringccl -t all_reduce -d float -b 256M -e 256M -n 1 -w 0 -c 0 --no-progress
