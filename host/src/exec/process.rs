@@ -298,6 +298,7 @@ pub fn execute_oneshot(
                 timeout_ns,
                 stage: stage_in_kernel.then_some(mine.send),
             };
+            // SAFETY: see above (both kernels).
             unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
         }
         Shot::Two { blocks } => {
@@ -313,6 +314,7 @@ pub fn execute_oneshot(
                 timeout_ns,
                 stage: Some((mine.send, mine.recv)),
             };
+            // SAFETY: see above (both kernels).
             unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
         }
     });
