@@ -165,6 +165,28 @@ if has last1; then
   ab_run2 l-perf
   echo quit | nvidia-cuda-mps-control
 fi
+if has netab; then
+  export RINGCCL_TIMEOUT=30 CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "MPS started" | tee -a "$OUT/steps.log"
+  step n-suite 150 env RINGCCL_TEST_PROCESSES=2 "${FORCED[@]}" "${UCX[@]}" $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_processes
+  step n-machines 150 env "${UCX[@]}" $B/tests/test-multi_process --include-ignored --nocapture --test-threads=1 every_collective_across_two_machines
+  PA=(--lib ringccl -t all_reduce,broadcast,all_gather,send_recv -d float -b 64K -e 2M -f 2 -n 30 -w 5 --no-progress)
+  net_run() { # name perf-binary
+    local name=$1 bin=$2 port=$((29700 + RANDOM % 200))
+    echo "=== $name: 2 processes on GPU 0 (MPS), every pair on UCX: $bin --procs 2 ${PA[*]}" | tee -a "$OUT/steps.log"
+    for r in 0 1; do
+      env RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${FORCED[@]}" "${UCX[@]}" \
+        timeout 100 $bin --procs 2 "${PA[@]}" --json "$OUT/$name.json" > "$OUT/$name-r$r.log" 2>&1 &
+    done
+    wait; SUMMARY+=("$name: done")
+  }
+  for i in 1 2; do
+    net_run n-old-$i $B/bin/bin-ringccl-perf-old
+    net_run n-new-$i $B/bin/bin-ringccl-perf-new
+  done
+  echo quit | nvidia-cuda-mps-control
+fi
 if has ncu; then
   NCU=(ncu --clock-control none --set full)
   step ncu-ring 150 env RINGCCL_ALGO=ring "${NCU[@]}" -k regex:ringccl_reduce_copy -c 2 $P --lib ringccl -t all_reduce -d float -b 256M -e 256M -n 1 -w 0 -c 0 --no-progress
