@@ -27,7 +27,9 @@
 //!   output), count: u64, postdiv: u32, my_flags, f0..f7 (every rank's two-shot flag region),
 //!   rank: u32, ctl, timeout_ns: u64, stage_in, stage_out` (0, or this rank's input, first
 //!   copied to its `s{rank}`, and its output, to which `d{rank}` is copied at the end: ranks in
-//!   other processes); every rank launches the same number of blocks, at most
+//!   other processes)`, phases: u32` (which halves run: the all-reduce, or the reduce-scatter
+//!   or all-gather alone, see [`crate::oneshot::phases`]); every rank launches the same number
+//!   of blocks, at most
 //!   [`MAX_TWO_SHOT_BLOCKS`](crate::oneshot::MAX_TWO_SHOT_BLOCKS) (see
 //!   [`crate::oneshot::two_shot_slice`]).
 //!
@@ -67,7 +69,8 @@ pub enum EntryKind {
     OneShot,
     /// A whole all-reduce in one kernel per rank of many blocks: each rank folds its shard of
     /// every rank's input and writes it into every rank's output, block by block, with a
-    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]).
+    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]); or either half
+    /// alone, a reduce-scatter or an all-gather ([`crate::oneshot::phases`]).
     TwoShot,
 }
 

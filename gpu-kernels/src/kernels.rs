@@ -188,9 +188,10 @@ macro_rules! kernel {
     };
     (TwoShot, $name:expr, $t:ty, $op:ty) => {
         const _: () = {
-            /// Two-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks (see
-            /// `crate::oneshot::two_shot`): rank `rank` folds its shard of every input, in rank
-            /// order, into every rank's output, one slice per block.
+            /// Two-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks, or one of
+            /// its halves (`phases`: reduce-scatter, all-gather; see `crate::oneshot::two_shot`):
+            /// rank `rank` folds its shard of every input, in rank order, into every rank's
+            /// output, one slice per block.
             ///
             /// # Safety
             /// See `crate::oneshot::two_shot`.
@@ -230,6 +231,7 @@ macro_rules! kernel {
                 timeout_ns: u64,
                 stage_in: *const $t,
                 stage_out: *mut $t,
+                phases: u32,
             ) {
                 use crate::oneshot::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
@@ -249,6 +251,7 @@ macro_rules! kernel {
                         ctl,
                         timeout_ns,
                         (stage_in, stage_out),
+                        phases,
                     )
                 }
             }

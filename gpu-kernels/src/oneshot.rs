@@ -52,6 +52,22 @@
 //! In place needs no staging: the slice a block writes into a rank's buffer is exactly the one
 //! it read from it, and no other block of any rank reads it.
 //!
+//! ## The halves: reduce-scatter and all-gather in one kernel
+//!
+//! The same kernel runs either half alone ([`phases`]): then `count` is one rank's shard (the
+//! reduce-scatter's `recvcount`, the all-gather's `sendcount`), shard `q` is elements
+//! `q * count ..` of the full buffers, and each shard is cut into the blocks' slices alike
+//! (`two_shot_slice(count, size, 1, 0, blocks, block)`).
+//! * **reduce** ([`phases::REDUCE`]): block `b` of rank `r` folds slice `b` of shard `r` of every
+//!   rank's input (rank order) into slice `b` of its own output (`recvcount` elements);
+//! * **gather** ([`phases::GATHER`]): block `b` of rank `r` copies slice `b` of its own input
+//!   into slice `b` of shard `r` of every rank's output.
+//!
+//! The two barriers are the same: after the first every peer's buffers are ready, after the
+//! second no peer reads this rank's input or writes its output any more. In place (NCCL's
+//! layouts: the reduce-scatter's output is shard `r` of its input, the all-gather's input is
+//! shard `r` of its output), a block again writes only what it alone read.
+//!
 //! ## Bounded waits: the control block
 //!
 //! No wait lasts forever and no kernel traps (a `trap` kills the CUDA context of the whole
@@ -92,6 +108,22 @@ pub const MAX_TWO_SHOT_BLOCKS: usize = 256;
 
 /// `u64` words of a rank's two-shot flag region: one flag array per block.
 pub const TWO_SHOT_FLAG_WORDS: usize = MAX_TWO_SHOT_BLOCKS * FLAG_WORDS;
+
+/// Which halves of the two-shot protocol a two-shot kernel runs (its `phases` parameter; see
+/// the module docs, "The halves").
+///
+/// ```
+/// use gpu_kernels::oneshot::phases;
+/// assert_eq!(phases::ALL_REDUCE, phases::REDUCE | phases::GATHER);
+/// ```
+pub mod phases {
+    /// Fold this rank's shard of every rank's input (a reduce-scatter when alone).
+    pub const REDUCE: u32 = 1;
+    /// Write this rank's shard into every rank's output (an all-gather when alone).
+    pub const GATHER: u32 = 2;
+    /// Both: the all-reduce.
+    pub const ALL_REDUCE: u32 = REDUCE | GATHER;
+}
 
 /// Elements `[lo, hi)` that block `block` of `blocks` of rank `rank` (of `nranks`) owns in a
 /// two-shot all-reduce of `count` elements of `size` bytes: the count in 16-byte units is cut
@@ -422,15 +454,7 @@ mod dev {
         unsafe {
             let epoch = core::ptr::read_volatile(my_flags.add(COUNTER)).wrapping_add(1);
             let peer = tid < nsrc && tid < MAX_RANKS && tid != rank;
-            // flags[tid] with constant indices only (a run-time index would need local memory).
-            let mut theirs = flags[0];
-            let mut i = 1;
-            while i < MAX_RANKS {
-                if tid == i {
-                    theirs = flags[i];
-                }
-                i += 1;
-            }
+            let theirs = pick(flags, tid);
 
             // 0. Staged: my input first goes where the peers read it (`srcs[rank]`).
             if !stage.is_null() {
@@ -520,6 +544,14 @@ mod dev {
     /// `stage_in` null or this rank's input (`count` elements, copied slice by slice into
     /// `srcs[rank]` before the first barrier), `stage_out` null or this rank's output (written
     /// from `dsts[rank]` after the second; it may equal `stage_in`).
+    ///
+    /// With one half only (`phases` is [`REDUCE`](super::phases::REDUCE) or
+    /// [`GATHER`](super::phases::GATHER), see the module docs), `count` is one shard: the
+    /// reduce reads `nsrc * count` elements of every source and writes `count` of
+    /// `dsts[rank]` (the other destinations unused), stages in `nsrc * count` and never out; the
+    /// gather reads `count` elements of `srcs[rank]` (the other sources unused), writes
+    /// `nsrc * count` of every destination, stages out `nsrc * count` and never in. Any other
+    /// `phases` runs the all-reduce.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn two_shot<T: Element, O: ReduceOp>(
@@ -534,6 +566,7 @@ mod dev {
         ctl: *mut u64,
         timeout_ns: u64,
         (stage_in, stage_out): (*const T, *mut T),
+        phases: u32,
     ) {
         // SAFETY: reading special registers has no side effects.
         let (tid, threads, block, blocks) = unsafe {
@@ -548,7 +581,19 @@ mod dev {
             thread: tid,
             threads,
         };
-        let (lo, hi) = super::two_shot_slice(count, T::SIZE, nsrc, rank, blocks, block);
+        let reduce = phases != super::phases::GATHER;
+        let gather = phases != super::phases::REDUCE;
+        let halves = !(reduce && gather);
+        // This block's slice of shard `q`, in elements of the full buffers.
+        let slice_of = |q: usize| {
+            if halves {
+                let (a, b) = super::two_shot_slice(count, T::SIZE, 1, 0, blocks, block);
+                (q * count + a, q * count + b)
+            } else {
+                super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block)
+            }
+        };
+        let (lo, hi) = slice_of(rank);
         // SAFETY (whole body): pointers per this function's contract; the block's counter is
         // written only by thread 0 after the last barrier, when every thread has read it.
         unsafe {
@@ -563,7 +608,7 @@ mod dev {
                 let to = pick(srcs, rank) as *mut T;
                 let mut q = 0;
                 while q < nsrc {
-                    let (a, b) = super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block);
+                    let (a, b) = slice_of(q);
                     if a < b {
                         let (from, at) = ([stage_in.add(a)], to.add(a));
                         reduce_copy::<T, Sum, 1>(
@@ -586,28 +631,39 @@ mod dev {
             let pair = (theirs, mine);
             let failed = meet(peer, pair, 0, epoch, ctl, timeout_ns, rank, tid);
 
-            // 2. Fold my slice of every input (rank order) into my output and the next rank's,
-            // then copy it into the other ranks' outputs, two at a time.
+            // 2. Fold my slice of every input (rank order) into my output and the next rank's
+            // (the reduce alone: mine only, at the start of my output; the gather alone: copy my
+            // own input's slice), then copy it into the other ranks' outputs, two at a time.
             if !failed && lo < hi {
-                let mut at = [core::ptr::null::<T>(); MAX_RANKS];
-                let mut k = 0;
-                while k < MAX_RANKS {
-                    if k < nsrc {
-                        at[k] = srcs[k].add(lo);
+                let put = if gather { lo } else { lo - rank * count };
+                let own = pick(dsts, rank).add(put);
+                let next = if gather {
+                    pick(dsts, next_rank(rank, 1, nsrc)).add(put)
+                } else {
+                    core::ptr::null_mut()
+                };
+                if reduce {
+                    let mut at = [core::ptr::null::<T>(); MAX_RANKS];
+                    let mut k = 0;
+                    while k < MAX_RANKS {
+                        if k < nsrc {
+                            at[k] = srcs[k].add(lo);
+                        }
+                        k += 1;
                     }
-                    k += 1;
+                    reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, next, hi - lo, postdiv);
+                } else {
+                    let from = [pick(srcs, rank).add(lo - rank * count)];
+                    reduce_copy::<T, Sum, 1>(grid, from, 1, own, next, hi - lo, 1);
                 }
-                let own = pick(dsts, rank).add(lo);
-                let next = pick(dsts, next_rank(rank, 1, nsrc)).add(lo);
-                reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, next, hi - lo, postdiv);
-                if nsrc > 2 {
+                if gather && nsrc > 2 {
                     // My writes of `own` are visible to the whole block after the barrier.
                     _syncthreads();
                     let mut k = 2;
                     while k < nsrc {
-                        let a = pick(dsts, next_rank(rank, k, nsrc)).add(lo);
+                        let a = pick(dsts, next_rank(rank, k, nsrc)).add(put);
                         let b = if k + 1 < nsrc {
-                            pick(dsts, next_rank(rank, k + 1, nsrc)).add(lo)
+                            pick(dsts, next_rank(rank, k + 1, nsrc)).add(put)
                         } else {
                             core::ptr::null_mut()
                         };
@@ -629,7 +685,7 @@ mod dev {
                 let from = pick(dsts, rank) as *const T;
                 let mut q = 0;
                 while q < nsrc {
-                    let (a, b) = super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block);
+                    let (a, b) = slice_of(q);
                     if a < b {
                         let at = stage_out.add(a);
                         reduce_copy::<T, Sum, 1>(
@@ -677,7 +733,7 @@ mod tests {
                 1 << 20,
                 (1 << 20) + 5,
             ] {
-                for nranks in 2..=MAX_RANKS {
+                for nranks in 1..=MAX_RANKS {
                     for blocks in [1usize, 2, 3, 7, 64, 132, MAX_TWO_SHOT_BLOCKS] {
                         let mut next = 0;
                         for rank in 0..nranks {

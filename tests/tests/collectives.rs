@@ -1292,6 +1292,25 @@ fn all_reduce_two_shot() {
     tally.finish();
 }
 
+/// Reduce-scatter and all-gather forced onto the two-shot kernel's halves (one kernel per
+/// rank; block `b` of rank `r` folds slice `b` of shard `r` of every input into its own output,
+/// or copies slice `b` of its input into shard `r` of every output): the same cases and checks
+/// as their own tests, in and out of place.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn reduce_scatter_and_all_gather_two_shot() {
+    let env = Env::forced(ringccl::Algorithm::TwoShot);
+    for coll in [Coll::ReduceScatter, Coll::AllGather] {
+        let name = match coll {
+            Coll::ReduceScatter => "reduce_scatter (two-shot)",
+            _ => "all_gather (two-shot)",
+        };
+        let mut tally = Tally::new(name);
+        for_all_types!(run_coll(&env, coll, &mut tally));
+        tally.finish();
+    }
+}
+
 /// All-gather, broadcast and all-to-all forced onto the copy engines (plain copies from each
 /// input to the outputs on a second stream per rank): the same cases and checks as their own
 /// tests.

@@ -77,6 +77,16 @@ fn track<'s, T, S: AsRef<CudaStream>>(
         .collect()
 }
 
+/// What a two-shot kernel runs for `c`: an all-reduce both halves, a reduce-scatter or an
+/// all-gather one (the caller chose two-shot only for those three).
+fn halves_of(c: Collective) -> exec::oneshot::Halves {
+    match c {
+        Collective::ReduceScatter { .. } => exec::oneshot::Halves::Reduce,
+        Collective::AllGather { .. } => exec::oneshot::Halves::Gather,
+        _ => exec::oneshot::Halves::Both,
+    }
+}
+
 impl Communicator {
     /// The devices of the ranks held here, in [`Communicator::local_ranks`] order.
     fn devices(&self) -> Vec<usize> {
@@ -121,6 +131,12 @@ impl Communicator {
         let algorithm = match c {
             Collective::AllReduce { .. } => {
                 tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, capturing, config)
+            }
+            Collective::ReduceScatter { .. } | Collective::AllGather { .. }
+                if tuning::halves_algorithm(max_bytes, n, self.oneshot_usable() && ce_possible, false, config)
+                    == Algorithm::TwoShot =>
+            {
+                Algorithm::TwoShot
             }
             Collective::AllGather { .. } | Collective::Broadcast { .. } | Collective::AllToAll { .. }
                 if tuning::copies_on_copy_engines(
@@ -216,6 +232,7 @@ impl Communicator {
                 }
                 exec::oneshot::Shot::Two {
                     blocks: tuning::twoshot_blocks(max_bytes, n, sms),
+                    halves: halves_of(c),
                 }
             } else {
                 exec::oneshot::Shot::One
@@ -394,20 +411,34 @@ impl Communicator {
                 ),
             });
         }
-        if let Collective::AllReduce { count } = c {
-            let algorithm = tuning::process_all_reduce_algorithm(max_bytes, n, config);
+        let algorithm = match c {
+            Collective::AllReduce { .. } => Some(tuning::process_all_reduce_algorithm(max_bytes, n, config)),
+            Collective::ReduceScatter { .. } | Collective::AllGather { .. } => {
+                Some(tuning::halves_algorithm(max_bytes, n, true, true, config))
+            }
+            _ => None,
+        };
+        if let Some(algorithm) = algorithm {
             let shot = match algorithm {
                 Algorithm::OneShot => Some(exec::oneshot::Shot::One),
                 Algorithm::TwoShot => Some(exec::oneshot::Shot::Two {
                     blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.two_shot_sms()),
+                    halves: halves_of(c),
                 }),
                 _ => None,
             };
             if let Some(shot) = shot {
-                report!(config.debug, Trace, "all_reduce {} count {count} across processes: {algorithm}", T::DTYPE.name());
+                let count = c.count();
+                report!(
+                    config.debug,
+                    Trace,
+                    "{} {} count {count} across processes: {algorithm}",
+                    c.name(),
+                    T::DTYPE.name()
+                );
                 let bytes = count.saturating_mul(size);
-                let scratch = exec::process::scratch_for(shot, bytes).ok_or_else(|| crate::Error::Internal {
-                    reason: format!("an all-reduce of {bytes} bytes overflows the scratch size"),
+                let scratch = exec::process::scratch_for(shot, bytes, n).ok_or_else(|| crate::Error::Internal {
+                    reason: format!("a call of {bytes} bytes per rank overflows the scratch size"),
                 })?;
                 let guards = track(io, streams, &checked.ptrs, false);
                 let mut state = p.lock();

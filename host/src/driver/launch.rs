@@ -145,8 +145,12 @@ pub(crate) struct TwoShotArgs<'a> {
     /// How long a wait at a barrier may last, in nanoseconds (0: until aborted).
     pub timeout_ns: u64,
     /// This rank's input and output, when `srcs[rank]` and `dsts[rank]` are copies of them
-    /// that the kernel fills first and empties last (ranks in other processes), else `None`.
+    /// that the kernel fills first and empties last (ranks in other processes; 0 for a side
+    /// that is not staged), else `None`.
     pub stage: Option<(u64, u64)>,
+    /// Which halves run (`gpu_kernels::oneshot::phases`): the all-reduce, or the reduce-scatter
+    /// or all-gather alone, whose `count` is one rank's shard.
+    pub phases: u32,
 }
 
 /// The arguments of one bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
@@ -349,13 +353,15 @@ impl Kernels {
         Ok(plan)
     }
 
-    /// Enqueues rank `args.rank`'s kernel of a two-shot all-reduce. Every rank's kernel of the
-    /// call must be enqueued, with the same buffers, count, blocks, type and operator, or the
-    /// others wait at the device barriers.
+    /// Enqueues rank `args.rank`'s kernel of a two-shot all-reduce (or of one of its halves).
+    /// Every rank's kernel of the call must be enqueued, with the same buffers, count, blocks,
+    /// phases, type and operator, or the others wait at the device barriers.
     ///
     /// # Safety
     /// As for [`Kernels::launch_prim`], for every source and destination (`count` elements
-    /// each; a rank's destination equals its source or overlaps nothing); every flag region is
+    /// each for the all-reduce; for a half alone, the lengths `gpu_kernels::oneshot::two_shot`
+    /// names in units of `count`; a rank's destination equals its source, is the shard of it
+    /// the half's layout names, or overlaps nothing); every flag region is
     /// `gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS` `u64` of a live allocation accessible from
     /// this context, used by no one but this communicator's two-shot kernels.
     pub(crate) unsafe fn launch_twoshot(
@@ -387,7 +393,7 @@ impl Kernels {
         fl[..n].copy_from_slice(args.flags);
         let (nsrc, count, my_flags, rank) = (n as u32, args.count as u64, args.flags[args.rank], args.rank as u32);
         let (stage_in, stage_out) = args.stage.unwrap_or((0, 0));
-        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 9];
+        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 10];
         let (ps, rest) = params.split_at_mut(MAX_RANKS);
         for (p, v) in ps.iter_mut().zip(&s) {
             *p = param(v);
@@ -407,10 +413,11 @@ impl Kernels {
             param(&args.timeout_ns),
             param(&stage_in),
             param(&stage_out),
+            param(&args.phases),
         ]);
         // SAFETY: `ringccl_twoshot_*(u64 × MAX_RANKS, u32 nsrc, u64 × MAX_RANKS, u64 count, u32
         // postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns, u64
-        // stage_in, u64 stage_out)`; the caller guarantees the memory.
+        // stage_in, u64 stage_out, u32 phases)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 

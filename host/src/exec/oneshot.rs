@@ -4,7 +4,8 @@
 //! The one-shot kernel ([`Shot::One`], small messages) is one block that reads every rank's
 //! input directly and meets the other ranks' kernels at a device-side barrier; the two-shot
 //! kernel ([`Shot::Two`], mid sizes) is many blocks, each folding a slice of this rank's shard
-//! of every input and writing it into every rank's output, each with its own barrier.
+//! of every input and writing it into every rank's output, each with its own barrier. The same
+//! kernel runs a reduce-scatter or an all-gather as one of its halves alone ([`Halves`]).
 //!
 //! While capturing into a CUDA graph, the previous call's end is neither waited on nor recorded
 //! (see [`crate::exec`]); the kernels keep their epoch on the device, so replays of the graph
@@ -34,21 +35,62 @@ use crate::{DataType, Error, RedOp, Result};
 /// Which kernel [`execute`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shot {
-    /// The one-shot kernel: one block per rank.
+    /// The one-shot kernel: one block per rank (an all-reduce).
     One,
     /// The two-shot kernel in this many blocks per rank (the same on every rank:
     /// [`crate::plan::tuning::twoshot_blocks`]).
     Two {
         /// Blocks per rank.
         blocks: u32,
+        /// What it runs: the all-reduce, or one of its halves.
+        halves: Halves,
     },
 }
 
-/// Enqueues a one-shot or two-shot (`shot`) all-reduce of `count` elements. `ptrs[r].send` is rank `r`'s input and
-/// `ptrs[r].recv` its output; `in_place` when they are equal on every rank: each rank's one-shot
-/// result is then staged in its scratch (`count` elements) until every peer is done reading its
-/// input (the two-shot kernel needs no staging: what it writes into a buffer is what it read
-/// from there).
+/// What a two-shot kernel runs (`gpu_kernels::oneshot`, "The halves").
+///
+/// ```
+/// use ringccl::internals::exec::oneshot::Halves;
+/// assert_eq!(Halves::Both.phases(), Halves::Reduce.phases() | Halves::Gather.phases());
+/// assert_eq!((Halves::Reduce.postdiv(4), Halves::Gather.postdiv(4)), (4, 1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Halves {
+    /// Reduce-scatter, then all-gather: an all-reduce of `count` elements per rank.
+    Both,
+    /// The reduce-scatter alone: `count` is each rank's share (`recvcount`).
+    Reduce,
+    /// The all-gather alone: `count` is each rank's share (`sendcount`).
+    Gather,
+}
+
+impl Halves {
+    /// The kernel's `phases` argument.
+    pub fn phases(self) -> u32 {
+        use gpu_kernels::oneshot::phases;
+        match self {
+            Halves::Both => phases::ALL_REDUCE,
+            Halves::Reduce => phases::REDUCE,
+            Halves::Gather => phases::GATHER,
+        }
+    }
+
+    /// The kernel's `postdiv` for `nranks` ranks: the rank count where something is reduced
+    /// (an `avg` divides by it), 1 for the copy.
+    pub fn postdiv(self, nranks: usize) -> u32 {
+        match self {
+            Halves::Gather => 1,
+            Halves::Both | Halves::Reduce => u32::try_from(nranks).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Enqueues a one-shot or two-shot (`shot`) all-reduce of `count` elements, or a two-shot
+/// half alone (a reduce-scatter or all-gather of `count` elements per rank's share).
+/// `ptrs[r].send` is rank `r`'s input and `ptrs[r].recv` its output; `in_place` when the
+/// layout is in place on every rank: each rank's one-shot result is then staged in its scratch
+/// (`count` elements) until every peer is done reading its input (the two-shot kernel needs no
+/// staging: what it writes into a buffer is what it read from there).
 /// The caller checks that one-shot is possible (2 to `MAX_RANKS` ranks, peer access between
 /// every pair: [`crate::plan::tuning::all_reduce_algorithm`]). `capturing` as for
 /// [`super::ring::execute`].
@@ -98,7 +140,10 @@ pub fn execute<S: AsRef<CudaStream>>(
         srcs[r] = ptrs[r].send;
         dsts[r] = ptrs[r].recv;
     }
-    let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
+    let postdiv = match shot {
+        Shot::One => Halves::Both.postdiv(n),
+        Shot::Two { halves, .. } => halves.postdiv(n),
+    };
 
     let mut tmp = [None; MAX_RANKS];
     if in_place && shot == Shot::One {
@@ -120,7 +165,7 @@ pub fn execute<S: AsRef<CudaStream>>(
         let kernels = &call.rank(r)?.kernels;
         match shot {
             Shot::One => kernels.oneshot_ready(dtype, op, n).map(drop)?,
-            Shot::Two { blocks } => kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
+            Shot::Two { blocks, .. } => kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
         }
         call.end_event(r)?;
     }
@@ -159,7 +204,7 @@ pub fn execute<S: AsRef<CudaStream>>(
                     // peer access between every pair of ranks.
                     unsafe { kernels.launch_oneshot(stream, dtype, op, &args)? };
                 }
-                Shot::Two { blocks } => {
+                Shot::Two { blocks, halves } => {
                     let args = TwoShotArgs {
                         srcs: &srcs[..n],
                         dsts: &dsts[..n],
@@ -171,11 +216,13 @@ pub fn execute<S: AsRef<CudaStream>>(
                         ctl,
                         timeout_ns,
                         stage: None,
+                        phases: halves.phases(),
                     };
                     // SAFETY: as for the one-shot kernel, for every rank's input and output
-                    // (a rank's output equals its input or overlaps neither, validated); the
-                    // two-shot flag regions are the communicator's, used by its two-shot
-                    // kernels only.
+                    // (validated for the collective whose `halves` these are: lengths in units
+                    // of `count`, and a rank's output equals its input, is its shard of it in
+                    // NCCL's in-place layout, or overlaps neither); the two-shot flag regions
+                    // are the communicator's, used by its two-shot kernels only.
                     unsafe { kernels.launch_twoshot(stream, dtype, op, &args)? };
                 }
             }

@@ -201,13 +201,20 @@ fn issue(
 }
 
 /// Enqueues this rank's part of a one-shot or two-shot (`shot`) all-reduce of `count` elements
-/// among processes (see `gpu_kernels::oneshot`): ONE kernel per rank, which first copies the
-/// input into this rank's scratch (which the peers have mapped), then:
-/// * one-shot: reads every rank's copy, meets the peers' kernels at the device-side barrier
-///   over the mapped flag arrays, and writes `mine.recv`;
-/// * two-shot: each block folds a slice of this rank's shard of every rank's copy and writes it
-///   into every rank's scratch, past the copies ([`twoshot_out_offset`]); after its second
-///   barrier each block copies its slices of this rank's result from there to `mine.recv`.
+/// among processes, or of a two-shot half alone (`count` elements per rank's share; see
+/// `gpu_kernels::oneshot`): ONE kernel per rank, which
+/// * one-shot: copies the input into this rank's scratch (which the peers have mapped), reads
+///   every rank's copy, meets the peers' kernels at the device-side barrier over the mapped
+///   flag arrays, and writes `mine.recv`;
+/// * two-shot: copies the input into the scratch; each block folds a slice of this rank's
+///   shard of every rank's copy and writes it into every rank's scratch, past the copies
+///   ([`twoshot_out_offset`]); after its second barrier each block copies its slices of this
+///   rank's result from there to `mine.recv`;
+/// * the reduce-scatter half: copies the input into the scratch; each block folds a slice of
+///   this rank's shard of every rank's copy straight into `mine.recv`;
+/// * the all-gather half: each block copies a slice of `mine.send` into this rank's shard of
+///   every rank's scratch; after the second barrier, its slices of every shard from this rank's
+///   scratch to `mine.recv`.
 ///
 /// The kernel ends only once every peer is done reading this rank's scratch (and, two-shot,
 /// writing it), so the next call may overwrite it. No signal, no event crosses processes. The
@@ -222,7 +229,7 @@ pub fn execute_oneshot(
     count: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    use super::oneshot::Shot;
+    use super::oneshot::{Halves, Shot};
     use crate::driver::launch::{OneShotArgs, TwoShotArgs};
     use gpu_kernels::oneshot::MAX_RANKS;
     let st = &call.state;
@@ -236,27 +243,46 @@ pub fn execute_oneshot(
     let bytes = count
         .checked_mul(dtype.size())
         .ok_or_else(|| internal(format!("{count} elements overflow")))?;
-    let needed = scratch_for(shot, bytes).ok_or_else(|| internal(format!("{bytes} bytes overflow")))?;
+    let needed = scratch_for(shot, bytes, n).ok_or_else(|| internal(format!("{bytes} bytes overflow")))?;
     if needed > st.windows.scratch_bytes() {
-        return Err(internal(format!("an all-reduce of {bytes} bytes exceeds the scratch")));
+        return Err(internal(format!("a call of {bytes} bytes per rank exceeds the scratch")));
     }
     let out = twoshot_out_offset(bytes) as u64;
     let mut srcs = [0u64; MAX_RANKS];
     let mut dsts = [0u64; MAX_RANKS];
     let mut flags = [0u64; MAX_RANKS];
     for q in 0..n {
-        srcs[q] = st.windows.scratch()[q];
-        dsts[q] = srcs[q] + out;
+        let scratch = st.windows.scratch()[q];
+        (srcs[q], dsts[q]) = match shot {
+            Shot::Two {
+                halves: Halves::Reduce | Halves::Gather,
+                ..
+            } => (scratch, scratch),
+            _ => (scratch, scratch + out),
+        };
         flags[q] = match shot {
             Shot::One => st.windows.oneshot_flags(q),
             Shot::Two { .. } => st.windows.twoshot_flags(q),
         }
         .ok_or_else(|| internal(format!("no flag array for rank {q}")))?;
     }
+    // The halves read or write this rank's own buffers directly on the side that is not staged.
+    let stage = match shot {
+        Shot::One => None,
+        Shot::Two { halves: Halves::Both, .. } => Some((mine.send, mine.recv)),
+        Shot::Two { halves: Halves::Reduce, .. } => {
+            dsts[r] = mine.recv;
+            Some((mine.send, 0))
+        }
+        Shot::Two { halves: Halves::Gather, .. } => {
+            srcs[r] = mine.send;
+            Some((0, mine.recv))
+        }
+    };
     call.health.check()?;
     match shot {
         Shot::One => call.me.kernels.oneshot_ready(dtype, op, n).map(drop)?,
-        Shot::Two { blocks } => call.me.kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
+        Shot::Two { blocks, .. } => call.me.kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
     }
     wait(stream, &st.end, r)?;
     // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
@@ -272,14 +298,11 @@ pub fn execute_oneshot(
         }
         .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))?;
     }
-    let (ctl, timeout_ns, postdiv) = (
-        call.health.ctl(),
-        call.health.timeout_ns(),
-        u32::try_from(n).unwrap_or(u32::MAX),
-    );
-    // SAFETY (both kernels): every source is `count` elements of a rank's scratch mapped in
-    // this process, every destination this rank's validated output or `count` elements of a
-    // rank's scratch past its copy (inside the scratch, checked above); the staged input and
+    let (ctl, timeout_ns) = (call.health.ctl(), call.health.timeout_ns());
+    // SAFETY (both kernels): every source is a rank's scratch mapped in this process (or, the
+    // all-gather half, this rank's validated input), every destination this rank's validated
+    // output or a rank's scratch, each as long as the kernel's contract says in units of
+    // `count`, inside the scratch ([`scratch_for`], checked above); the staged input and
     // output are this rank's validated buffers, and its scratch is free (the previous call's
     // end, waited for above, means no peer still reads or writes it); the flag arrays are the
     // ranks' flag areas, mapped for the communicator's life and used by no one but its
@@ -291,7 +314,7 @@ pub fn execute_oneshot(
                 dst: mine.recv,
                 tmp: None,
                 count,
-                postdiv,
+                postdiv: Halves::Both.postdiv(n),
                 flags: &flags[..n],
                 rank: r,
                 ctl,
@@ -301,18 +324,19 @@ pub fn execute_oneshot(
             // SAFETY: see above (both kernels).
             unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
         }
-        Shot::Two { blocks } => {
+        Shot::Two { blocks, halves } => {
             let args = TwoShotArgs {
                 srcs: &srcs[..n],
                 dsts: &dsts[..n],
                 count,
-                postdiv,
+                postdiv: halves.postdiv(n),
                 flags: &flags[..n],
                 rank: r,
                 blocks,
                 ctl,
                 timeout_ns,
-                stage: Some((mine.send, mine.recv)),
+                stage,
+                phases: halves.phases(),
             };
             // SAFETY: see above (both kernels).
             unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
@@ -349,11 +373,26 @@ pub fn twoshot_out_offset(bytes: usize) -> usize {
     bytes.div_ceil(256).saturating_mul(256)
 }
 
-/// Scratch bytes a one-shot (`shot`) all-reduce of `bytes` among processes needs: the copy of
-/// the input, and for two-shot the results after it; `None` on overflow.
-pub fn scratch_for(shot: super::oneshot::Shot, bytes: usize) -> Option<usize> {
+/// Scratch bytes a one-shot or two-shot (`shot`) call of `bytes` per rank (`count` elements)
+/// among `nranks` processes needs: the all-reduce, the copy of the input, and for two-shot the
+/// results after it; a half alone, every rank's share (the reduce-scatter's copy of the input,
+/// the all-gather's results); `None` on overflow.
+///
+/// ```
+/// use ringccl::internals::exec::oneshot::{Halves, Shot};
+/// use ringccl::internals::exec::process::scratch_for;
+/// assert_eq!(scratch_for(Shot::One, 1000, 2), Some(1000));
+/// assert_eq!(scratch_for(Shot::Two { blocks: 4, halves: Halves::Both }, 1000, 2), Some(2024));
+/// assert_eq!(scratch_for(Shot::Two { blocks: 4, halves: Halves::Gather }, 1000, 4), Some(4000));
+/// ```
+pub fn scratch_for(shot: super::oneshot::Shot, bytes: usize, nranks: usize) -> Option<usize> {
+    use super::oneshot::{Halves, Shot};
     match shot {
-        super::oneshot::Shot::One => Some(bytes),
-        super::oneshot::Shot::Two { .. } => twoshot_out_offset(bytes).checked_add(bytes),
+        Shot::One => Some(bytes),
+        Shot::Two {
+            halves: Halves::Both,
+            ..
+        } => twoshot_out_offset(bytes).checked_add(bytes),
+        Shot::Two { .. } => bytes.checked_mul(nranks),
     }
 }

@@ -168,6 +168,46 @@ pub fn process_all_reduce_algorithm(bytes: usize, nranks: usize, config: &Config
     }
 }
 
+/// The algorithm of a reduce-scatter or all-gather whose larger buffer has `bytes` bytes, over
+/// `nranks` ranks: [`Algorithm::TwoShot`] (the two-shot kernel's half alone,
+/// `exec::oneshot::Halves`) or [`Algorithm::Ring`]; the caller decides the copy engines first.
+///
+/// * One process (`processes` false): two-shot only when [`Config::algorithm`] forces it and
+///   it can run (`twoshot_possible`: 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks, direct peer
+///   access between every pair, not under capture). Not chosen by default: it has not yet been
+///   measured against the ring between two GPUs.
+/// * Processes of one machine (`twoshot_possible` as for the all-reduce there: 2 to
+///   `MAX_RANKS` ranks): forced, or by default up to [`Config::twoshot_max_bytes`]; another
+///   forced algorithm runs the ring.
+///
+/// ```
+/// use ringccl::internals::plan::tuning::halves_algorithm;
+/// use ringccl::{Algorithm, Config};
+/// let c = Config::default();
+/// assert_eq!(halves_algorithm(1 << 20, 2, true, false, &c), Algorithm::Ring);
+/// assert_eq!(halves_algorithm(1 << 20, 2, true, true, &c), Algorithm::TwoShot);
+/// assert_eq!(halves_algorithm(64 << 20, 2, true, true, &c), Algorithm::Ring);
+/// let mut forced = Config::default();
+/// forced.algorithm = Some(Algorithm::TwoShot);
+/// assert_eq!(halves_algorithm(64 << 20, 2, true, false, &forced), Algorithm::TwoShot);
+/// assert_eq!(halves_algorithm(1 << 20, 2, false, false, &forced), Algorithm::Ring);
+/// ```
+pub fn halves_algorithm(
+    bytes: usize,
+    nranks: usize,
+    twoshot_possible: bool,
+    processes: bool,
+    config: &Config,
+) -> Algorithm {
+    let twoshot = (2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) && twoshot_possible;
+    match config.algorithm {
+        Some(Algorithm::TwoShot) if twoshot => Algorithm::TwoShot,
+        Some(_) => Algorithm::Ring,
+        None if twoshot && processes && bytes <= config.twoshot_max_bytes => Algorithm::TwoShot,
+        None => Algorithm::Ring,
+    }
+}
+
 /// Bytes of a rank's shard that one block of the two-shot kernel takes at least: 8 KiB, one
 /// 16-byte vector per thread of a 512-thread block.
 pub const TWOSHOT_BYTES_PER_BLOCK: usize = 8 << 10;
