@@ -110,6 +110,7 @@ impl Work {
                     EntryKind::ReduceCopy => "reduce_copy_sum(2 src, 1 dst)",
                     EntryKind::OneShot => "oneshot_sum",
                     EntryKind::TwoShot => "twoshot_sum",
+                    EntryKind::TwoShotColl => "twoshot_coll_sum",
                 };
                 format!("{k} {}", dtype.name())
             }
@@ -141,7 +142,7 @@ impl Work {
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(ops.a.ptr(), ops.b.ptr(), ops.d0.ptr(), d1, n, 1)
             }
-            EntryKind::OneShot | EntryKind::TwoShot => {
+            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
                 return Err(ringccl_tests::Error::msg(
                     "the one-shot and two-shot kernels need every rank: not a single-GPU bench",
                 ))

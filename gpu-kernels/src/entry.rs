@@ -27,11 +27,13 @@
 //!   output), count: u64, postdiv: u32, my_flags, f0..f7 (every rank's two-shot flag region),
 //!   rank: u32, ctl, timeout_ns: u64, stage_in, stage_out` (0, or this rank's input, first
 //!   copied to its `s{rank}`, and its output, to which `d{rank}` is copied at the end: ranks in
-//!   other processes)`, phases: u32` (which halves run: the all-reduce, or the reduce-scatter
-//!   or all-gather alone, see [`crate::oneshot::phases`]); every rank launches the same number
-//!   of blocks, at most
+//!   other processes)`, what: u32, root: u32` (ignored: always the all-reduce); every rank
+//!   launches the same number of blocks, at most
 //!   [`MAX_TWO_SHOT_BLOCKS`](crate::oneshot::MAX_TWO_SHOT_BLOCKS) (see
 //!   [`crate::oneshot::two_shot_slice`]).
+//! * [`EntryKind::TwoShotColl`]: the same parameters; `what` and `root` choose the collective
+//!   run on the two-shot barriers: reduce-scatter, all-gather, all-to-all, broadcast or reduce
+//!   (see [`crate::oneshot::what`]).
 //!
 //! One kernel has no element type and is not in the table: the bounded wait
 //! [`WAIT_ENTRY`](crate::oneshot::WAIT_ENTRY).
@@ -69,20 +71,24 @@ pub enum EntryKind {
     OneShot,
     /// A whole all-reduce in one kernel per rank of many blocks: each rank folds its shard of
     /// every rank's input and writes it into every rank's output, block by block, with a
-    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]); or either half
-    /// alone, a reduce-scatter or an all-gather ([`crate::oneshot::phases`]).
+    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]).
     TwoShot,
+    /// The two-shot kernel's barriers and staging for the other collectives: reduce-scatter,
+    /// all-gather, all-to-all, broadcast and reduce ([`crate::oneshot::what`]). Entry points
+    /// of their own, so that the all-reduce's keep its registers.
+    TwoShotColl,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl EntryKind {
     /// Every kind, in table order: the copy (no operator), then the reductions.
-    pub const ALL: [EntryKind; 5] = [
+    pub const ALL: [EntryKind; 6] = [
         EntryKind::Copy,
         EntryKind::Reduce,
         EntryKind::ReduceCopy,
         EntryKind::OneShot,
         EntryKind::TwoShot,
+        EntryKind::TwoShotColl,
     ];
 
     /// The name used in kernel entry points.
@@ -93,6 +99,7 @@ impl EntryKind {
             EntryKind::ReduceCopy => "reduce_copy",
             EntryKind::OneShot => "oneshot",
             EntryKind::TwoShot => "twoshot",
+            EntryKind::TwoShotColl => "twoshot_coll",
         }
     }
 }
@@ -239,7 +246,7 @@ macro_rules! entry_points {
         /// ```
         /// use gpu_kernels::{entry::find_entry, DataType, EntryKind, ENTRY_POINTS};
         /// use gpu_kernels::op::RedOp;
-        /// assert_eq!(ENTRY_POINTS.len(), 210);
+        /// assert_eq!(ENTRY_POINTS.len(), 260);
         /// let e = find_entry(EntryKind::ReduceCopy, DataType::BF16, Some(RedOp::Sum)).unwrap();
         /// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
         /// ```
@@ -318,5 +325,6 @@ entry_points! {
         ReduceCopy => "reduce_copy",
         OneShot => "oneshot",
         TwoShot => "twoshot",
+        TwoShotColl => "twoshot_coll",
     ],
 }

@@ -187,11 +187,16 @@ macro_rules! kernel {
         };
     };
     (TwoShot, $name:expr, $t:ty, $op:ty) => {
+        crate::kernels::kernel!(@two_shot $name, $t, $op, true);
+    };
+    (TwoShotColl, $name:expr, $t:ty, $op:ty) => {
+        crate::kernels::kernel!(@two_shot $name, $t, $op, false);
+    };
+    (@two_shot $name:expr, $t:ty, $op:ty, $all_reduce:literal) => {
         const _: () = {
-            /// Two-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks, or one of
-            /// its halves (`phases`: reduce-scatter, all-gather; see `crate::oneshot::two_shot`):
-            /// rank `rank` folds its shard of every input, in rank order, into every rank's
-            /// output, one slice per block.
+            /// Two-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks (`what`
+            /// and `root` ignored), or (`twoshot_coll`) another collective on the same barriers
+            /// (`what`, `root`; see `crate::oneshot::two_shot`), one slice per block.
             ///
             /// # Safety
             /// See `crate::oneshot::two_shot`.
@@ -231,7 +236,8 @@ macro_rules! kernel {
                 timeout_ns: u64,
                 stage_in: *const $t,
                 stage_out: *mut $t,
-                phases: u32,
+                what: u32,
+                root: u32,
             ) {
                 use crate::oneshot::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
@@ -239,7 +245,7 @@ macro_rules! kernel {
                 let flags: [*mut u64; MAX_RANKS] = [f0, f1, f2, f3, f4, f5, f6, f7];
                 // SAFETY: forwarded from the kernel's contract.
                 unsafe {
-                    crate::oneshot::two_shot::<$t, $op>(
+                    crate::oneshot::two_shot::<$t, $op, $all_reduce>(
                         srcs,
                         nsrc as usize,
                         dsts,
@@ -251,7 +257,7 @@ macro_rules! kernel {
                         ctl,
                         timeout_ns,
                         (stage_in, stage_out),
-                        phases,
+                        (what, root as usize),
                     )
                 }
             }

@@ -52,21 +52,26 @@
 //! In place needs no staging: the slice a block writes into a rank's buffer is exactly the one
 //! it read from it, and no other block of any rank reads it.
 //!
-//! ## The halves: reduce-scatter and all-gather in one kernel
+//! ## One kernel for the other collectives
 //!
-//! The same kernel runs either half alone ([`phases`]): then `count` is one rank's shard (the
-//! reduce-scatter's `recvcount`, the all-gather's `sendcount`), shard `q` is elements
-//! `q * count ..` of the full buffers, and each shard is cut into the blocks' slices alike
-//! (`two_shot_slice(count, size, 1, 0, blocks, block)`).
-//! * **reduce** ([`phases::REDUCE`]): block `b` of rank `r` folds slice `b` of shard `r` of every
-//!   rank's input (rank order) into slice `b` of its own output (`recvcount` elements);
-//! * **gather** ([`phases::GATHER`]): block `b` of rank `r` copies slice `b` of its own input
-//!   into slice `b` of shard `r` of every rank's output.
+//! The same kernel, its barriers and its staging run five other collectives ([`what`]), each in
+//! slices of `two_shot_slice(count, size, 1, 0, blocks, block)`:
+//! * **reduce-scatter**: `count` is one rank's share and shard `q` is elements `q * count ..`
+//!   of the inputs; block `b` of rank `r` folds slice `b` of shard `r` of every rank's input
+//!   (rank order) into slice `b` of its own output;
+//! * **all-gather**: block `b` of rank `r` copies slice `b` of its own input into slice `b` of
+//!   shard `r` of every rank's output;
+//! * **all-to-all**: block `b` of rank `r` copies slice `b` of block `q` of its own input into
+//!   slice `b` of block `r` of rank `q`'s output, for every `q`;
+//! * **broadcast**: block `b` of every rank copies slice `b` of the root's input (`srcs[root]`)
+//!   into its own output (the root: unless that is its input, or absent);
+//! * **reduce**: block `b` of the root folds slice `b` of every rank's input (rank order) into
+//!   its output; the other ranks' blocks only meet it at the barriers.
 //!
-//! The two barriers are the same: after the first every peer's buffers are ready, after the
-//! second no peer reads this rank's input or writes its output any more. In place (NCCL's
-//! layouts: the reduce-scatter's output is shard `r` of its input, the all-gather's input is
-//! shard `r` of its output), a block again writes only what it alone read.
+//! After the first barrier every peer's buffers are ready; after the second no peer reads
+//! this rank's input or writes its output any more. In place (NCCL's layouts: the
+//! reduce-scatter's output is shard `r` of its input, the all-gather's input is shard `r` of its
+//! output, the root's buffers are one), a block writes only what it alone read.
 //!
 //! ## Bounded waits: the control block
 //!
@@ -109,20 +114,31 @@ pub const MAX_TWO_SHOT_BLOCKS: usize = 256;
 /// `u64` words of a rank's two-shot flag region: one flag array per block.
 pub const TWO_SHOT_FLAG_WORDS: usize = MAX_TWO_SHOT_BLOCKS * FLAG_WORDS;
 
-/// Which halves of the two-shot protocol a two-shot kernel runs (its `phases` parameter; see
-/// the module docs, "The halves").
+/// Which collective a two-shot kernel runs (its `what` parameter; see the module docs, "One
+/// kernel for the other collectives"). `count` is the length of the full buffers for
+/// [`ALL_REDUCE`](what::ALL_REDUCE), [`BROADCAST`](what::BROADCAST) and
+/// [`REDUCE`](what::REDUCE), and one rank's share (`recvcount`, `sendcount`, the count per
+/// peer) for the others.
 ///
 /// ```
-/// use gpu_kernels::oneshot::phases;
-/// assert_eq!(phases::ALL_REDUCE, phases::REDUCE | phases::GATHER);
+/// use gpu_kernels::oneshot::what;
+/// assert_eq!(what::ALL_REDUCE, 0);
+/// assert!(what::REDUCE_SCATTER != what::ALL_GATHER);
 /// ```
-pub mod phases {
-    /// Fold this rank's shard of every rank's input (a reduce-scatter when alone).
-    pub const REDUCE: u32 = 1;
-    /// Write this rank's shard into every rank's output (an all-gather when alone).
-    pub const GATHER: u32 = 2;
-    /// Both: the all-reduce.
-    pub const ALL_REDUCE: u32 = REDUCE | GATHER;
+pub mod what {
+    /// The all-reduce (reduce-scatter, then all-gather).
+    pub const ALL_REDUCE: u32 = 0;
+    /// The reduce-scatter: the first half alone.
+    pub const REDUCE_SCATTER: u32 = 1;
+    /// The all-gather: the second half alone.
+    pub const ALL_GATHER: u32 = 2;
+    /// The all-to-all: each rank writes block `q` of its input into block `rank` of rank `q`'s
+    /// output.
+    pub const ALL_TO_ALL: u32 = 3;
+    /// The broadcast: every rank copies the root's input into its own output.
+    pub const BROADCAST: u32 = 4;
+    /// The reduce: the root folds every rank's input into its output.
+    pub const REDUCE: u32 = 5;
 }
 
 /// Elements `[lo, hi)` that block `block` of `blocks` of rank `rank` (of `nranks`) owns in a
@@ -520,6 +536,58 @@ mod dev {
         v
     }
 
+    /// Every source at element `at`, the first `nsrc` (the rest null).
+    #[inline(always)]
+    fn inputs_at<T>(srcs: [*const T; MAX_RANKS], nsrc: usize, at: usize) -> [*const T; MAX_RANKS] {
+        let mut out = [core::ptr::null::<T>(); MAX_RANKS];
+        let mut k = 0;
+        while k < MAX_RANKS {
+            if k < nsrc {
+                out[k] = srcs[k].wrapping_add(at);
+            }
+            k += 1;
+        }
+        out
+    }
+
+    /// The last step of the two-shot kernel's second half: `len` elements at `own` (this rank's
+    /// output at element `lo`, already written, like the next rank's) copied to element `lo` of
+    /// every other rank's output, two at a time.
+    ///
+    /// # Safety
+    /// As for [`reduce_copy`]: `own` readable and every destination writable for `len`
+    /// elements at `lo`; every thread of the block calls this.
+    #[inline(always)]
+    unsafe fn fan_out<T: Element>(
+        grid: Grid,
+        own: *mut T,
+        dsts: [*mut T; MAX_RANKS],
+        rank: usize,
+        nsrc: usize,
+        lo: usize,
+        len: usize,
+    ) {
+        if nsrc <= 2 {
+            return;
+        }
+        // My writes of `own` are visible to the whole block after the barrier.
+        _syncthreads();
+        let mut k = 2;
+        while k < nsrc {
+            // SAFETY: per this function's contract.
+            unsafe {
+                let a = pick(dsts, next_rank(rank, k, nsrc)).add(lo);
+                let b = if k + 1 < nsrc {
+                    pick(dsts, next_rank(rank, k + 1, nsrc)).add(lo)
+                } else {
+                    core::ptr::null_mut()
+                };
+                reduce_copy::<T, Sum, 1>(grid, [own as *const T], 1, a, b, len, 1);
+            }
+            k += 2;
+        }
+    }
+
     /// `(rank + k) mod n` for `rank, k < n` without a division (which could panic).
     #[inline(always)]
     fn next_rank(rank: usize, k: usize, n: usize) -> usize {
@@ -545,16 +613,15 @@ mod dev {
     /// `srcs[rank]` before the first barrier), `stage_out` null or this rank's output (written
     /// from `dsts[rank]` after the second; it may equal `stage_in`).
     ///
-    /// With one half only (`phases` is [`REDUCE`](super::phases::REDUCE) or
-    /// [`GATHER`](super::phases::GATHER), see the module docs), `count` is one shard: the
-    /// reduce reads `nsrc * count` elements of every source and writes `count` of
-    /// `dsts[rank]` (the other destinations unused), stages in `nsrc * count` and never out; the
-    /// gather reads `count` elements of `srcs[rank]` (the other sources unused), writes
-    /// `nsrc * count` of every destination, stages out `nsrc * count` and never in. Any other
-    /// `phases` runs the all-reduce.
+    /// For another collective (`what`, see the module docs; `root < nsrc` for the rooted ones),
+    /// the buffers it names instead, as long as that collective's buffers (in units of `count`,
+    /// [`super::what`]); unused pointers may be null. `stage_in`, when not null, fills
+    /// `srcs[rank]` with what the peers read of this rank's input (reduce-scatter, broadcast at
+    /// the root, reduce away from it); `stage_out`, when not null, is written from `dsts[rank]`
+    /// (all-gather, all-to-all: every rank's share).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn two_shot<T: Element, O: ReduceOp>(
+    pub unsafe fn two_shot<T: Element, O: ReduceOp, const ALL_REDUCE: bool>(
         srcs: [*const T; MAX_RANKS],
         nsrc: usize,
         dsts: [*mut T; MAX_RANKS],
@@ -566,7 +633,7 @@ mod dev {
         ctl: *mut u64,
         timeout_ns: u64,
         (stage_in, stage_out): (*const T, *mut T),
-        phases: u32,
+        (what, root): (u32, usize),
     ) {
         // SAFETY: reading special registers has no side effects.
         let (tid, threads, block, blocks) = unsafe {
@@ -581,19 +648,24 @@ mod dev {
             thread: tid,
             threads,
         };
-        let reduce = phases != super::phases::GATHER;
-        let gather = phases != super::phases::REDUCE;
-        let halves = !(reduce && gather);
+        use super::what as w;
+        // The all-reduce's entry points run nothing else: with `what` a constant, the other
+        // collectives' code is not in them (nor in their register count).
+        let what = if ALL_REDUCE { w::ALL_REDUCE } else { what };
+        // The all-reduce cuts `count` into `nsrc` shards; the calls of one share per rank have
+        // `nsrc` shards of `count`; the broadcast and the reduce cut the whole count.
+        let whole = what == w::BROADCAST || what == w::REDUCE;
+        let shards = if whole { 1 } else { nsrc };
         // This block's slice of shard `q`, in elements of the full buffers.
         let slice_of = |q: usize| {
-            if halves {
+            if what == w::ALL_REDUCE {
+                super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block)
+            } else {
                 let (a, b) = super::two_shot_slice(count, T::SIZE, 1, 0, blocks, block);
                 (q * count + a, q * count + b)
-            } else {
-                super::two_shot_slice(count, T::SIZE, nsrc, q, blocks, block)
             }
         };
-        let (lo, hi) = slice_of(rank);
+        let (lo, hi) = slice_of(if whole { 0 } else { rank });
         // SAFETY (whole body): pointers per this function's contract; the block's counter is
         // written only by thread 0 after the last barrier, when every thread has read it.
         unsafe {
@@ -607,7 +679,7 @@ mod dev {
             if !stage_in.is_null() {
                 let to = pick(srcs, rank) as *mut T;
                 let mut q = 0;
-                while q < nsrc {
+                while q < shards {
                     let (a, b) = slice_of(q);
                     if a < b {
                         let (from, at) = ([stage_in.add(a)], to.add(a));
@@ -631,44 +703,59 @@ mod dev {
             let pair = (theirs, mine);
             let failed = meet(peer, pair, 0, epoch, ctl, timeout_ns, rank, tid);
 
-            // 2. Fold my slice of every input (rank order) into my output and the next rank's
-            // (the reduce alone: mine only, at the start of my output; the gather alone: copy my
-            // own input's slice), then copy it into the other ranks' outputs, two at a time.
+            // 2. My slice of the work (see the module docs).
             if !failed && lo < hi {
-                let put = if gather { lo } else { lo - rank * count };
-                let own = pick(dsts, rank).add(put);
-                let next = if gather {
-                    pick(dsts, next_rank(rank, 1, nsrc)).add(put)
-                } else {
-                    core::ptr::null_mut()
-                };
-                if reduce {
-                    let mut at = [core::ptr::null::<T>(); MAX_RANKS];
-                    let mut k = 0;
-                    while k < MAX_RANKS {
-                        if k < nsrc {
-                            at[k] = srcs[k].add(lo);
-                        }
-                        k += 1;
+                let len = hi - lo;
+                let none = core::ptr::null_mut();
+                match what {
+                    w::REDUCE_SCATTER => {
+                        let own = pick(dsts, rank).add(lo - rank * count);
+                        let at = inputs_at(srcs, nsrc, lo);
+                        reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, none, len, postdiv);
                     }
-                    reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, next, hi - lo, postdiv);
-                } else {
-                    let from = [pick(srcs, rank).add(lo - rank * count)];
-                    reduce_copy::<T, Sum, 1>(grid, from, 1, own, next, hi - lo, 1);
-                }
-                if gather && nsrc > 2 {
-                    // My writes of `own` are visible to the whole block after the barrier.
-                    _syncthreads();
-                    let mut k = 2;
-                    while k < nsrc {
-                        let a = pick(dsts, next_rank(rank, k, nsrc)).add(put);
-                        let b = if k + 1 < nsrc {
-                            pick(dsts, next_rank(rank, k + 1, nsrc)).add(put)
-                        } else {
-                            core::ptr::null_mut()
-                        };
-                        reduce_copy::<T, Sum, 1>(grid, [own as *const T], 1, a, b, hi - lo, 1);
-                        k += 2;
+                    w::REDUCE => {
+                        if rank == root {
+                            let own = pick(dsts, rank).add(lo);
+                            let at = inputs_at(srcs, nsrc, lo);
+                            reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, none, len, postdiv);
+                        }
+                    }
+                    w::BROADCAST => {
+                        let from = pick(srcs, root);
+                        let own = pick(dsts, rank);
+                        if !own.is_null() && own as *const T != from {
+                            let from = [from.add(lo)];
+                            reduce_copy::<T, Sum, 1>(grid, from, 1, own.add(lo), none, len, 1);
+                        }
+                    }
+                    w::ALL_TO_ALL => {
+                        let mine = pick(srcs, rank);
+                        let rel = lo - rank * count;
+                        let mut q = 0;
+                        while q < nsrc {
+                            let from = [mine.add(q * count + rel)];
+                            let to = pick(dsts, q).add(lo);
+                            reduce_copy::<T, Sum, 1>(grid, from, 1, to, none, len, 1);
+                            q += 1;
+                        }
+                    }
+                    w::ALL_GATHER => {
+                        // My own input's slice into my output and the next rank's, then the
+                        // others'.
+                        let own = pick(dsts, rank).add(lo);
+                        let next = pick(dsts, next_rank(rank, 1, nsrc)).add(lo);
+                        let from = [pick(srcs, rank).add(lo - rank * count)];
+                        reduce_copy::<T, Sum, 1>(grid, from, 1, own, next, len, 1);
+                        fan_out(grid, own, dsts, rank, nsrc, lo, len);
+                    }
+                    _ => {
+                        // The all-reduce: fold every input (rank order) into my output and the
+                        // next rank's, then copy it into the others'.
+                        let own = pick(dsts, rank).add(lo);
+                        let next = pick(dsts, next_rank(rank, 1, nsrc)).add(lo);
+                        let at = inputs_at(srcs, nsrc, lo);
+                        reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, next, len, postdiv);
+                        fan_out(grid, own, dsts, rank, nsrc, lo, len);
                     }
                 }
             }
@@ -684,7 +771,7 @@ mod dev {
             if !stage_out.is_null() && !failed {
                 let from = pick(dsts, rank) as *const T;
                 let mut q = 0;
-                while q < nsrc {
+                while q < shards {
                     let (a, b) = slice_of(q);
                     if a < b {
                         let at = stage_out.add(a);

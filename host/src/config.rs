@@ -6,13 +6,13 @@
 //! | --- | --- | --- | --- |
 //! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`); in a job of processes with `RINGCCL_NET=ucx`, no CUDA IPC either: every pair goes through the network transport, even on one machine (for testing it) |
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
-//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot`, `twoshot` or `ce` (copy engines): force the all-reduce algorithm where it can run; `twoshot` also runs reduce-scatters and all-gathers on the two-shot kernel's halves, `ring` and `ce` force them off it |
+//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot`, `twoshot` or `ce` (copy engines): force the all-reduce algorithm where it can run; `twoshot` also runs reduce-scatters, all-gathers, all-to-alls, broadcasts and reduces on the two-shot kernel's barriers, any other value keeps them off it |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
 //! | `RINGCCL_CHECK_CALLS` | [`check_calls`](Config::check_calls) | `0` | `1`: in a job of processes, every call first checks (over TCP) that every rank makes the same call; a mismatch fails the call on every rank, naming the rank |
 //! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 16777216 | smallest all-gather or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
 //! | `RINGCCL_CE_BROADCAST_MIN_BYTES` | [`ce_broadcast_min_bytes`](Config::ce_broadcast_min_bytes) | 262144 | the same for a broadcast |
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
-//! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter or all-gather (the larger buffer) that runs on its halves (`0`: never unless forced) |
+//! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter, all-gather, all-to-all, broadcast or reduce (the larger buffer) that runs on its barriers (`0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -189,9 +189,9 @@ pub struct Config {
     /// The ring order (a permutation of the ranks), or `None` to choose it from the topology.
     pub ring: Option<Vec<usize>>,
     /// Force the all-reduce algorithm where it can run, or `None` to choose per call.
-    /// [`Algorithm::TwoShot`] also puts reduce-scatters and all-gathers on the two-shot
-    /// kernel's halves where it can run, and any other forced algorithm keeps them off it
-    /// (`plan::tuning::halves_algorithm`).
+    /// [`Algorithm::TwoShot`] also puts reduce-scatters, all-gathers, all-to-alls, broadcasts
+    /// and reduces on the two-shot kernel's barriers where it can run, and any other forced
+    /// algorithm keeps them off it (`plan::tuning::twoshot_algorithm`).
     pub algorithm: Option<Algorithm>,
     /// All-reduces of at most this many bytes per rank run one-shot (when they can).
     pub oneshot_max_bytes: usize,
@@ -199,9 +199,9 @@ pub struct Config {
     pub oneshot_max_bytes_graph: usize,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between
-    /// every pair, or processes of one machine); in a job of processes, so do reduce-scatters
-    /// and all-gathers whose larger buffer has at most this many bytes (the kernel's halves);
-    /// 0: never unless forced.
+    /// every pair, or processes of one machine); in a job of processes, so do reduce-scatters,
+    /// all-gathers, all-to-alls, broadcasts and reduces whose larger buffer has at most this
+    /// many bytes (on the two-shot kernel's barriers); 0: never unless forced.
     pub twoshot_max_bytes: usize,
     /// All-reduces of at least this many bytes per rank run on the copy engines
     /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The

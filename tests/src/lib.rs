@@ -197,15 +197,17 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
                 && !args[22].is_u64()
                 && u64s(&args[23..])
         }
-        EntryKind::TwoShot => {
-            args.len() == 33
+        EntryKind::TwoShot | EntryKind::TwoShotColl => {
+            args.len() == 35
                 && u64s(&args[..8])
                 && !args[8].is_u64()
                 && u64s(&args[9..18])
                 && !args[18].is_u64()
                 && u64s(&args[19..28])
                 && !args[28].is_u64()
-                && u64s(&args[29..])
+                && u64s(&args[29..33])
+                && !args[33].is_u64()
+                && !args[34].is_u64()
         }
     }
 }

@@ -1292,19 +1292,21 @@ fn all_reduce_two_shot() {
     tally.finish();
 }
 
-/// Reduce-scatter and all-gather forced onto the two-shot kernel's halves (one kernel per
-/// rank; block `b` of rank `r` folds slice `b` of shard `r` of every input into its own output,
-/// or copies slice `b` of its input into shard `r` of every output): the same cases and checks
-/// as their own tests, in and out of place.
+/// Reduce-scatter, all-gather, all-to-all, broadcast and reduce forced onto the two-shot
+/// kernel's barriers (one kernel per rank, each block a slice of the work: see
+/// `gpu_kernels::oneshot`, "One kernel for the other collectives"): the same cases and checks
+/// as their own tests, in and out of place, every root.
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
-fn reduce_scatter_and_all_gather_two_shot() {
+fn other_collectives_two_shot() {
     let env = Env::forced(ringccl::Algorithm::TwoShot);
-    for coll in [Coll::ReduceScatter, Coll::AllGather] {
-        let name = match coll {
-            Coll::ReduceScatter => "reduce_scatter (two-shot)",
-            _ => "all_gather (two-shot)",
-        };
+    for (coll, name) in [
+        (Coll::ReduceScatter, "reduce_scatter (two-shot)"),
+        (Coll::AllGather, "all_gather (two-shot)"),
+        (Coll::AllToAll, "all_to_all (two-shot)"),
+        (Coll::Broadcast, "broadcast (two-shot)"),
+        (Coll::Reduce, "reduce (two-shot)"),
+    ] {
         let mut tally = Tally::new(name);
         for_all_types!(run_coll(&env, coll, &mut tally));
         tally.finish();

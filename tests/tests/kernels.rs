@@ -266,7 +266,7 @@ impl Bench {
             EntryKind::Copy => (&[1], &[false, true]),
             EntryKind::Reduce => (&[2, 3, 8], &[false]),
             EntryKind::ReduceCopy => (&[2], &[false, true]),
-            EntryKind::OneShot | EntryKind::TwoShot => {
+            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
                 return Err(ringccl_tests::Error::msg(
                     "one-shot and two-shot kernels need every rank: tests/tests/collectives.rs runs them",
                 ))
@@ -361,7 +361,7 @@ impl Bench {
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(src_ptrs[0], src_ptrs[1], dst0, dst1, n as u64, case.postdiv)
             }
-            EntryKind::OneShot | EntryKind::TwoShot => {
+            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
                 return Err(ringccl_tests::Error::msg(
                     "one-shot and two-shot kernels are not run here",
                 ))

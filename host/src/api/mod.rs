@@ -77,14 +77,30 @@ fn track<'s, T, S: AsRef<CudaStream>>(
         .collect()
 }
 
-/// What a two-shot kernel runs for `c`: an all-reduce both halves, a reduce-scatter or an
-/// all-gather one (the caller chose two-shot only for those three).
-fn halves_of(c: Collective) -> exec::oneshot::Halves {
+/// What a two-shot kernel runs for `c` (the caller chose two-shot only for the collectives it
+/// can run: all but gather and scatter).
+fn twoshot_of(c: Collective) -> exec::oneshot::TwoShotOf {
+    use exec::oneshot::TwoShotOf;
     match c {
-        Collective::ReduceScatter { .. } => exec::oneshot::Halves::Reduce,
-        Collective::AllGather { .. } => exec::oneshot::Halves::Gather,
-        _ => exec::oneshot::Halves::Both,
+        Collective::ReduceScatter { .. } => TwoShotOf::ReduceScatter,
+        Collective::AllGather { .. } => TwoShotOf::AllGather,
+        Collective::AllToAll { .. } => TwoShotOf::AllToAll,
+        Collective::Broadcast { root, .. } => TwoShotOf::Broadcast { root },
+        Collective::Reduce { root, .. } => TwoShotOf::Reduce { root },
+        _ => TwoShotOf::AllReduce,
     }
+}
+
+/// Whether `c` can run on the two-shot kernel's barriers besides the all-reduce.
+fn twoshot_other(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::ReduceScatter { .. }
+            | Collective::AllGather { .. }
+            | Collective::AllToAll { .. }
+            | Collective::Broadcast { .. }
+            | Collective::Reduce { .. }
+    )
 }
 
 impl Communicator {
@@ -132,8 +148,8 @@ impl Communicator {
             Collective::AllReduce { .. } => {
                 tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, capturing, config)
             }
-            Collective::ReduceScatter { .. } | Collective::AllGather { .. }
-                if tuning::halves_algorithm(max_bytes, n, self.oneshot_usable() && ce_possible, false, config)
+            c if twoshot_other(c)
+                && tuning::twoshot_algorithm(max_bytes, n, self.oneshot_usable() && ce_possible, false, config)
                     == Algorithm::TwoShot =>
             {
                 Algorithm::TwoShot
@@ -232,7 +248,7 @@ impl Communicator {
                 }
                 exec::oneshot::Shot::Two {
                     blocks: tuning::twoshot_blocks(max_bytes, n, sms),
-                    halves: halves_of(c),
+                    of: twoshot_of(c),
                 }
             } else {
                 exec::oneshot::Shot::One
@@ -413,9 +429,7 @@ impl Communicator {
         }
         let algorithm = match c {
             Collective::AllReduce { .. } => Some(tuning::process_all_reduce_algorithm(max_bytes, n, config)),
-            Collective::ReduceScatter { .. } | Collective::AllGather { .. } => {
-                Some(tuning::halves_algorithm(max_bytes, n, true, true, config))
-            }
+            c if twoshot_other(c) => Some(tuning::twoshot_algorithm(max_bytes, n, true, true, config)),
             _ => None,
         };
         if let Some(algorithm) = algorithm {
@@ -423,7 +437,7 @@ impl Communicator {
                 Algorithm::OneShot => Some(exec::oneshot::Shot::One),
                 Algorithm::TwoShot => Some(exec::oneshot::Shot::Two {
                     blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.two_shot_sms()),
-                    halves: halves_of(c),
+                    of: twoshot_of(c),
                 }),
                 _ => None,
             };

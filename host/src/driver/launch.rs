@@ -148,9 +148,10 @@ pub(crate) struct TwoShotArgs<'a> {
     /// that the kernel fills first and empties last (ranks in other processes; 0 for a side
     /// that is not staged), else `None`.
     pub stage: Option<(u64, u64)>,
-    /// Which halves run (`gpu_kernels::oneshot::phases`): the all-reduce, or the reduce-scatter
-    /// or all-gather alone, whose `count` is one rank's shard.
-    pub phases: u32,
+    /// The collective and its root (`gpu_kernels::oneshot::what`; 0 where it has none): the
+    /// all-reduce, or another collective on the same barriers, whose `count` may be one rank's
+    /// share.
+    pub what: (u32, u32),
 }
 
 /// The arguments of one bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
@@ -168,6 +169,16 @@ pub(crate) struct WaitArgs {
     pub slot: u32,
     /// The rank whose signal is awaited (reported on a timeout).
     pub peer: u32,
+}
+
+/// The entry points of a two-shot kernel running `what` (`gpu_kernels::oneshot::what`): the
+/// all-reduce's own, or those of the other collectives.
+fn twoshot_kind(what: u32) -> EntryKind {
+    if what == gpu_kernels::oneshot::what::ALL_REDUCE {
+        EntryKind::TwoShot
+    } else {
+        EntryKind::TwoShotColl
+    }
 }
 
 /// A pointer to one kernel argument, as `cuLaunchKernel` takes it.
@@ -334,8 +345,15 @@ impl Kernels {
 
     /// Checks, without launching, that the two-shot kernel for `dtype` and `op` exists and can
     /// run `nranks` ranks in `blocks` blocks.
-    pub(crate) fn twoshot_ready(&self, dtype: DataType, op: RedOp, nranks: usize, blocks: u32) -> Result<LaunchPlan> {
-        let (_, limit) = self.function(EntryKind::TwoShot, dtype, Some(op))?;
+    pub(crate) fn twoshot_ready(
+        &self,
+        dtype: DataType,
+        op: RedOp,
+        nranks: usize,
+        blocks: u32,
+        what: u32,
+    ) -> Result<LaunchPlan> {
+        let (_, limit) = self.function(twoshot_kind(what), dtype, Some(op))?;
         let plan = LaunchPlan {
             blocks,
             threads: LaunchPlan::one_block(limit).threads,
@@ -353,15 +371,16 @@ impl Kernels {
         Ok(plan)
     }
 
-    /// Enqueues rank `args.rank`'s kernel of a two-shot all-reduce (or of one of its halves).
+    /// Enqueues rank `args.rank`'s kernel of a two-shot all-reduce (or of another collective on
+    /// its barriers, `args.what`).
     /// Every rank's kernel of the call must be enqueued, with the same buffers, count, blocks,
-    /// phases, type and operator, or the others wait at the device barriers.
+    /// collective, type and operator, or the others wait at the device barriers.
     ///
     /// # Safety
     /// As for [`Kernels::launch_prim`], for every source and destination (`count` elements
-    /// each for the all-reduce; for a half alone, the lengths `gpu_kernels::oneshot::two_shot`
+    /// each for the all-reduce; for another collective, the lengths `gpu_kernels::oneshot::what`
     /// names in units of `count`; a rank's destination equals its source, is the shard of it
-    /// the half's layout names, or overlaps nothing); every flag region is
+    /// NCCL's in-place layout names, or overlaps nothing); every flag region is
     /// `gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS` `u64` of a live allocation accessible from
     /// this context, used by no one but this communicator's two-shot kernels.
     pub(crate) unsafe fn launch_twoshot(
@@ -372,28 +391,29 @@ impl Kernels {
         args: &TwoShotArgs<'_>,
     ) -> Result<()> {
         let n = args.srcs.len();
-        if args.flags.len() != n || args.dsts.len() != n || args.rank >= n {
+        if args.flags.len() != n || args.dsts.len() != n || args.rank >= n || args.what.1 as usize >= n {
             return Err(Error::Internal {
                 reason: format!(
-                    "two-shot all-reduce: {n} sources, {} destinations, {} flag regions, rank {}",
+                    "two-shot kernel: {n} sources, {} destinations, {} flag regions, rank {}, root {}",
                     args.dsts.len(),
                     args.flags.len(),
-                    args.rank
+                    args.rank,
+                    args.what.1
                 ),
             });
         }
-        let plan = self.twoshot_ready(dtype, op, n, args.blocks)?;
+        let plan = self.twoshot_ready(dtype, op, n, args.blocks, args.what.0)?;
         if args.count == 0 {
             return Ok(());
         }
-        let (f, _) = self.function(EntryKind::TwoShot, dtype, Some(op))?;
+        let (f, _) = self.function(twoshot_kind(args.what.0), dtype, Some(op))?;
         let (mut s, mut d, mut fl) = ([0u64; MAX_RANKS], [0u64; MAX_RANKS], [0u64; MAX_RANKS]);
         s[..n].copy_from_slice(args.srcs);
         d[..n].copy_from_slice(args.dsts);
         fl[..n].copy_from_slice(args.flags);
         let (nsrc, count, my_flags, rank) = (n as u32, args.count as u64, args.flags[args.rank], args.rank as u32);
         let (stage_in, stage_out) = args.stage.unwrap_or((0, 0));
-        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 10];
+        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 11];
         let (ps, rest) = params.split_at_mut(MAX_RANKS);
         for (p, v) in ps.iter_mut().zip(&s) {
             *p = param(v);
@@ -413,11 +433,12 @@ impl Kernels {
             param(&args.timeout_ns),
             param(&stage_in),
             param(&stage_out),
-            param(&args.phases),
+            param(&args.what.0),
+            param(&args.what.1),
         ]);
         // SAFETY: `ringccl_twoshot_*(u64 × MAX_RANKS, u32 nsrc, u64 × MAX_RANKS, u64 count, u32
         // postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns, u64
-        // stage_in, u64 stage_out, u32 phases)`; the caller guarantees the memory.
+        // stage_in, u64 stage_out, u32 what, u32 root)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 

@@ -370,6 +370,7 @@ mod tests {
                     (EntryKind::ReduceCopy, "reduce_copy"),
                     (EntryKind::OneShot, "oneshot"),
                     (EntryKind::TwoShot, "twoshot"),
+                    (EntryKind::TwoShotColl, "twoshot_coll"),
                 ] {
                     let i = entry_index(kind, dt, Some(op)).unwrap();
                     assert_eq!(

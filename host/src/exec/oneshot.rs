@@ -5,7 +5,7 @@
 //! input directly and meets the other ranks' kernels at a device-side barrier; the two-shot
 //! kernel ([`Shot::Two`], mid sizes) is many blocks, each folding a slice of this rank's shard
 //! of every input and writing it into every rank's output, each with its own barrier. The same
-//! kernel runs a reduce-scatter or an all-gather as one of its halves alone ([`Halves`]).
+//! kernel runs the other collectives but gather and scatter on those barriers ([`TwoShotOf`]).
 //!
 //! While capturing into a CUDA graph, the previous call's end is neither waited on nor recorded
 //! (see [`crate::exec`]); the kernels keep their epoch on the device, so replays of the graph
@@ -42,51 +42,82 @@ pub enum Shot {
     Two {
         /// Blocks per rank.
         blocks: u32,
-        /// What it runs: the all-reduce, or one of its halves.
-        halves: Halves,
+        /// The collective it runs.
+        of: TwoShotOf,
     },
 }
 
-/// What a two-shot kernel runs (`gpu_kernels::oneshot`, "The halves").
+/// The collective a two-shot kernel runs (`gpu_kernels::oneshot::what`): the all-reduce, or
+/// another collective on the same barriers. `count` is then what the collective calls it: the
+/// length of the full buffers (all-reduce, broadcast, reduce) or each rank's share
+/// (reduce-scatter's `recvcount`, all-gather's `sendcount`, all-to-all's count per peer).
 ///
 /// ```
-/// use ringccl::internals::exec::oneshot::Halves;
-/// assert_eq!(Halves::Both.phases(), Halves::Reduce.phases() | Halves::Gather.phases());
-/// assert_eq!((Halves::Reduce.postdiv(4), Halves::Gather.postdiv(4)), (4, 1));
+/// use ringccl::internals::exec::oneshot::TwoShotOf;
+/// assert_eq!(TwoShotOf::AllReduce.what(), 0);
+/// assert_eq!(TwoShotOf::Reduce { root: 1 }.root(), 1);
+/// assert_eq!((TwoShotOf::ReduceScatter.postdiv(4), TwoShotOf::AllGather.postdiv(4)), (4, 1));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Halves {
-    /// Reduce-scatter, then all-gather: an all-reduce of `count` elements per rank.
-    Both,
-    /// The reduce-scatter alone: `count` is each rank's share (`recvcount`).
-    Reduce,
-    /// The all-gather alone: `count` is each rank's share (`sendcount`).
-    Gather,
+pub enum TwoShotOf {
+    /// Reduce-scatter, then all-gather.
+    AllReduce,
+    /// The reduce-scatter alone.
+    ReduceScatter,
+    /// The all-gather alone.
+    AllGather,
+    /// The all-to-all.
+    AllToAll,
+    /// The broadcast from `root`: every rank copies the root's input.
+    Broadcast {
+        /// The rank whose input is copied.
+        root: usize,
+    },
+    /// The reduce to `root`: the root folds every rank's input.
+    Reduce {
+        /// The rank that receives.
+        root: usize,
+    },
 }
 
-impl Halves {
-    /// The kernel's `phases` argument.
-    pub fn phases(self) -> u32 {
-        use gpu_kernels::oneshot::phases;
+impl TwoShotOf {
+    /// The kernel's `what` argument.
+    pub fn what(self) -> u32 {
+        use gpu_kernels::oneshot::what;
         match self {
-            Halves::Both => phases::ALL_REDUCE,
-            Halves::Reduce => phases::REDUCE,
-            Halves::Gather => phases::GATHER,
+            TwoShotOf::AllReduce => what::ALL_REDUCE,
+            TwoShotOf::ReduceScatter => what::REDUCE_SCATTER,
+            TwoShotOf::AllGather => what::ALL_GATHER,
+            TwoShotOf::AllToAll => what::ALL_TO_ALL,
+            TwoShotOf::Broadcast { .. } => what::BROADCAST,
+            TwoShotOf::Reduce { .. } => what::REDUCE,
+        }
+    }
+
+    /// The kernel's `root` argument (0 where there is none).
+    pub fn root(self) -> u32 {
+        match self {
+            TwoShotOf::Broadcast { root } | TwoShotOf::Reduce { root } => {
+                u32::try_from(root).unwrap_or(u32::MAX)
+            }
+            _ => 0,
         }
     }
 
     /// The kernel's `postdiv` for `nranks` ranks: the rank count where something is reduced
-    /// (an `avg` divides by it), 1 for the copy.
+    /// (an `avg` divides by it), 1 for the copies.
     pub fn postdiv(self, nranks: usize) -> u32 {
         match self {
-            Halves::Gather => 1,
-            Halves::Both | Halves::Reduce => u32::try_from(nranks).unwrap_or(u32::MAX),
+            TwoShotOf::AllReduce | TwoShotOf::ReduceScatter | TwoShotOf::Reduce { .. } => {
+                u32::try_from(nranks).unwrap_or(u32::MAX)
+            }
+            _ => 1,
         }
     }
 }
 
-/// Enqueues a one-shot or two-shot (`shot`) all-reduce of `count` elements, or a two-shot
-/// half alone (a reduce-scatter or all-gather of `count` elements per rank's share).
+/// Enqueues a one-shot or two-shot (`shot`) all-reduce of `count` elements, or another
+/// collective on the two-shot kernel ([`TwoShotOf`], which says what `count` counts).
 /// `ptrs[r].send` is rank `r`'s input and `ptrs[r].recv` its output; `in_place` when the
 /// layout is in place on every rank: each rank's one-shot result is then staged in its scratch
 /// (`count` elements) until every peer is done reading its input (the two-shot kernel needs no
@@ -141,8 +172,8 @@ pub fn execute<S: AsRef<CudaStream>>(
         dsts[r] = ptrs[r].recv;
     }
     let postdiv = match shot {
-        Shot::One => Halves::Both.postdiv(n),
-        Shot::Two { halves, .. } => halves.postdiv(n),
+        Shot::One => TwoShotOf::AllReduce.postdiv(n),
+        Shot::Two { of, .. } => of.postdiv(n),
     };
 
     let mut tmp = [None; MAX_RANKS];
@@ -165,7 +196,7 @@ pub fn execute<S: AsRef<CudaStream>>(
         let kernels = &call.rank(r)?.kernels;
         match shot {
             Shot::One => kernels.oneshot_ready(dtype, op, n).map(drop)?,
-            Shot::Two { blocks, .. } => kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
+            Shot::Two { blocks, of } => kernels.twoshot_ready(dtype, op, n, blocks, of.what()).map(drop)?,
         }
         call.end_event(r)?;
     }
@@ -204,7 +235,7 @@ pub fn execute<S: AsRef<CudaStream>>(
                     // peer access between every pair of ranks.
                     unsafe { kernels.launch_oneshot(stream, dtype, op, &args)? };
                 }
-                Shot::Two { blocks, halves } => {
+                Shot::Two { blocks, of } => {
                     let args = TwoShotArgs {
                         srcs: &srcs[..n],
                         dsts: &dsts[..n],
@@ -216,12 +247,12 @@ pub fn execute<S: AsRef<CudaStream>>(
                         ctl,
                         timeout_ns,
                         stage: None,
-                        phases: halves.phases(),
+                        what: (of.what(), of.root()),
                     };
                     // SAFETY: as for the one-shot kernel, for every rank's input and output
-                    // (validated for the collective whose `halves` these are: lengths in units
-                    // of `count`, and a rank's output equals its input, is its shard of it in
-                    // NCCL's in-place layout, or overlaps neither); the two-shot flag regions
+                    // (validated for the collective `of` runs: lengths in units of `count`, and a
+                    // rank's output equals its input, is its shard of it in NCCL's in-place
+                    // layout, or overlaps neither; unused buffers are 0 and never touched); the two-shot flag regions
                     // are the communicator's, used by its two-shot kernels only.
                     unsafe { kernels.launch_twoshot(stream, dtype, op, &args)? };
                 }

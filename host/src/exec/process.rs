@@ -201,8 +201,9 @@ fn issue(
 }
 
 /// Enqueues this rank's part of a one-shot or two-shot (`shot`) all-reduce of `count` elements
-/// among processes, or of a two-shot half alone (`count` elements per rank's share; see
-/// `gpu_kernels::oneshot`): ONE kernel per rank, which
+/// among processes, or of another collective on the two-shot kernel (`count` as
+/// [`super::oneshot::TwoShotOf`] counts it; see `gpu_kernels::oneshot`): ONE kernel per rank,
+/// which
 /// * one-shot: copies the input into this rank's scratch (which the peers have mapped), reads
 ///   every rank's copy, meets the peers' kernels at the device-side barrier over the mapped
 ///   flag arrays, and writes `mine.recv`;
@@ -210,11 +211,15 @@ fn issue(
 ///   shard of every rank's copy and writes it into every rank's scratch, past the copies
 ///   ([`twoshot_out_offset`]); after its second barrier each block copies its slices of this
 ///   rank's result from there to `mine.recv`;
-/// * the reduce-scatter half: copies the input into the scratch; each block folds a slice of
-///   this rank's shard of every rank's copy straight into `mine.recv`;
-/// * the all-gather half: each block copies a slice of `mine.send` into this rank's shard of
-///   every rank's scratch; after the second barrier, its slices of every shard from this rank's
-///   scratch to `mine.recv`.
+/// * reduce-scatter: copies the input into the scratch; each block folds a slice of this
+///   rank's shard of every rank's copy straight into `mine.recv`;
+/// * all-gather (all-to-all): each block copies a slice of `mine.send` (of each of its blocks)
+///   into this rank's shard of every rank's scratch; after the second barrier, its slices of
+///   every shard from this rank's scratch to `mine.recv`;
+/// * broadcast: the root copies its input into its scratch; every rank copies it from there
+///   into `mine.recv` (the root: from its own scratch, where it has an output of its own);
+/// * reduce: every rank but the root copies its input into its scratch; the root folds every
+///   rank's copy and its own input into `mine.recv`.
 ///
 /// The kernel ends only once every peer is done reading this rank's scratch (and, two-shot,
 /// writing it), so the next call may overwrite it. No signal, no event crosses processes. The
@@ -229,7 +234,7 @@ pub fn execute_oneshot(
     count: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    use super::oneshot::{Halves, Shot};
+    use super::oneshot::{Shot, TwoShotOf};
     use crate::driver::launch::{OneShotArgs, TwoShotArgs};
     use gpu_kernels::oneshot::MAX_RANKS;
     let st = &call.state;
@@ -247,42 +252,67 @@ pub fn execute_oneshot(
     if needed > st.windows.scratch_bytes() {
         return Err(internal(format!("a call of {bytes} bytes per rank exceeds the scratch")));
     }
-    let out = twoshot_out_offset(bytes) as u64;
     let mut srcs = [0u64; MAX_RANKS];
     let mut dsts = [0u64; MAX_RANKS];
     let mut flags = [0u64; MAX_RANKS];
-    for q in 0..n {
-        let scratch = st.windows.scratch()[q];
-        (srcs[q], dsts[q]) = match shot {
-            Shot::Two {
-                halves: Halves::Reduce | Halves::Gather,
-                ..
-            } => (scratch, scratch),
-            _ => (scratch, scratch + out),
-        };
-        flags[q] = match shot {
+    let scratch = st.windows.scratch();
+    if scratch.len() != n {
+        return Err(internal(format!("{} scratch windows for {n} ranks", scratch.len())));
+    }
+    for (q, flag) in flags.iter_mut().enumerate().take(n) {
+        *flag = match shot {
             Shot::One => st.windows.oneshot_flags(q),
             Shot::Two { .. } => st.windows.twoshot_flags(q),
         }
         .ok_or_else(|| internal(format!("no flag array for rank {q}")))?;
     }
-    // The halves read or write this rank's own buffers directly on the side that is not staged.
+    // Where each rank's part is read and written: the peers reach only the ranks' scratch; this
+    // rank's own buffers are used directly on a side that is not staged.
     let stage = match shot {
-        Shot::One => None,
-        Shot::Two { halves: Halves::Both, .. } => Some((mine.send, mine.recv)),
-        Shot::Two { halves: Halves::Reduce, .. } => {
+        Shot::One | Shot::Two { of: TwoShotOf::AllReduce, .. } => {
+            let out = twoshot_out_offset(bytes) as u64;
+            srcs[..n].copy_from_slice(scratch);
+            for q in 0..n {
+                dsts[q] = scratch[q] + out;
+            }
+            (shot != Shot::One).then_some((mine.send, mine.recv))
+        }
+        Shot::Two { of: TwoShotOf::ReduceScatter, .. } => {
+            srcs[..n].copy_from_slice(scratch);
             dsts[r] = mine.recv;
             Some((mine.send, 0))
         }
-        Shot::Two { halves: Halves::Gather, .. } => {
+        Shot::Two { of: TwoShotOf::AllGather | TwoShotOf::AllToAll, .. } => {
             srcs[r] = mine.send;
+            dsts[..n].copy_from_slice(scratch);
             Some((0, mine.recv))
+        }
+        Shot::Two { of: TwoShotOf::Broadcast { root }, .. } => {
+            let root_scratch = *scratch.get(root).ok_or_else(|| internal(format!("root {root}")))?;
+            srcs[root] = root_scratch;
+            // The root copies its input into its output only where it has another one.
+            let own = r != root || (mine.recv != 0 && mine.recv != mine.send);
+            dsts[r] = if own { mine.recv } else { 0 };
+            Some((if r == root { mine.send } else { 0 }, 0))
+        }
+        Shot::Two { of: TwoShotOf::Reduce { root }, .. } => {
+            if root >= n {
+                return Err(internal(format!("root {root} of {n} ranks")));
+            }
+            srcs[..n].copy_from_slice(scratch);
+            if r == root {
+                srcs[r] = mine.send;
+                dsts[r] = mine.recv;
+                Some((0, 0))
+            } else {
+                Some((mine.send, 0))
+            }
         }
     };
     call.health.check()?;
     match shot {
         Shot::One => call.me.kernels.oneshot_ready(dtype, op, n).map(drop)?,
-        Shot::Two { blocks, .. } => call.me.kernels.twoshot_ready(dtype, op, n, blocks).map(drop)?,
+        Shot::Two { blocks, of } => call.me.kernels.twoshot_ready(dtype, op, n, blocks, of.what()).map(drop)?,
     }
     wait(stream, &st.end, r)?;
     // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
@@ -314,7 +344,7 @@ pub fn execute_oneshot(
                 dst: mine.recv,
                 tmp: None,
                 count,
-                postdiv: Halves::Both.postdiv(n),
+                postdiv: TwoShotOf::AllReduce.postdiv(n),
                 flags: &flags[..n],
                 rank: r,
                 ctl,
@@ -324,19 +354,19 @@ pub fn execute_oneshot(
             // SAFETY: see above (both kernels).
             unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
         }
-        Shot::Two { blocks, halves } => {
+        Shot::Two { blocks, of } => {
             let args = TwoShotArgs {
                 srcs: &srcs[..n],
                 dsts: &dsts[..n],
                 count,
-                postdiv: halves.postdiv(n),
+                postdiv: of.postdiv(n),
                 flags: &flags[..n],
                 rank: r,
                 blocks,
                 ctl,
                 timeout_ns,
                 stage,
-                phases: halves.phases(),
+                what: (of.what(), of.root()),
             };
             // SAFETY: see above (both kernels).
             unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
@@ -373,26 +403,31 @@ pub fn twoshot_out_offset(bytes: usize) -> usize {
     bytes.div_ceil(256).saturating_mul(256)
 }
 
-/// Scratch bytes a one-shot or two-shot (`shot`) call of `bytes` per rank (`count` elements)
-/// among `nranks` processes needs: the all-reduce, the copy of the input, and for two-shot the
-/// results after it; a half alone, every rank's share (the reduce-scatter's copy of the input,
-/// the all-gather's results); `None` on overflow.
+/// Scratch bytes a one-shot or two-shot (`shot`) call of `bytes` per rank (`count` elements,
+/// as [`super::oneshot::TwoShotOf`] counts them) among `nranks` processes needs: the
+/// all-reduce, the copy of the input, and for two-shot the results after it; the calls of one
+/// share per rank, every rank's share (the reduce-scatter's copy of the input, the all-gather's
+/// and all-to-all's results); the broadcast and the reduce, one copy of the input; `None` on
+/// overflow.
 ///
 /// ```
-/// use ringccl::internals::exec::oneshot::{Halves, Shot};
+/// use ringccl::internals::exec::oneshot::{Shot, TwoShotOf};
 /// use ringccl::internals::exec::process::scratch_for;
 /// assert_eq!(scratch_for(Shot::One, 1000, 2), Some(1000));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, halves: Halves::Both }, 1000, 2), Some(2024));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, halves: Halves::Gather }, 1000, 4), Some(4000));
+/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::AllReduce }, 1000, 2), Some(2024));
+/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::AllGather }, 1000, 4), Some(4000));
+/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::Reduce { root: 1 } }, 1000, 4), Some(1000));
 /// ```
 pub fn scratch_for(shot: super::oneshot::Shot, bytes: usize, nranks: usize) -> Option<usize> {
-    use super::oneshot::{Halves, Shot};
+    use super::oneshot::{Shot, TwoShotOf};
     match shot {
         Shot::One => Some(bytes),
-        Shot::Two {
-            halves: Halves::Both,
-            ..
-        } => twoshot_out_offset(bytes).checked_add(bytes),
-        Shot::Two { .. } => bytes.checked_mul(nranks),
+        Shot::Two { of, .. } => match of {
+            TwoShotOf::AllReduce => twoshot_out_offset(bytes).checked_add(bytes),
+            TwoShotOf::ReduceScatter | TwoShotOf::AllGather | TwoShotOf::AllToAll => {
+                bytes.checked_mul(nranks)
+            }
+            TwoShotOf::Broadcast { .. } | TwoShotOf::Reduce { .. } => Some(bytes),
+        },
     }
 }

@@ -168,31 +168,34 @@ pub fn process_all_reduce_algorithm(bytes: usize, nranks: usize, config: &Config
     }
 }
 
-/// The algorithm of a reduce-scatter or all-gather whose larger buffer has `bytes` bytes, over
-/// `nranks` ranks: [`Algorithm::TwoShot`] (the two-shot kernel's half alone,
-/// `exec::oneshot::Halves`) or [`Algorithm::Ring`]; the caller decides the copy engines first.
+/// The algorithm of a reduce-scatter, all-gather, all-to-all, broadcast or reduce whose larger
+/// buffer has `bytes` bytes, over `nranks` ranks: [`Algorithm::TwoShot`] (the collective on the
+/// two-shot kernel's barriers, `exec::oneshot::TwoShotOf`) or [`Algorithm::Ring`]; the caller
+/// decides the copy engines after it.
 ///
 /// * One process (`processes` false): two-shot only when [`Config::algorithm`] forces it and
-///   it can run (`twoshot_possible`: 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks, direct peer
-///   access between every pair, not under capture). Not chosen by default: it has not yet been
-///   measured against the ring between two GPUs.
-/// * Processes of one machine (`twoshot_possible` as for the all-reduce there: 2 to
-///   `MAX_RANKS` ranks): forced, or by default up to [`Config::twoshot_max_bytes`]; another
-///   forced algorithm runs the ring.
+///   it can run (`twoshot_possible`: direct peer access between every pair, not under
+///   capture). Not chosen by default: it has not yet been measured against the ring and the
+///   copy engines between two GPUs.
+/// * Processes of one machine (`twoshot_possible` as for the all-reduce there): forced, or by
+///   default up to [`Config::twoshot_max_bytes`]; another forced algorithm runs the ring.
+///
+/// Either way 2 to `gpu_kernels::oneshot::MAX_RANKS` ranks.
 ///
 /// ```
-/// use ringccl::internals::plan::tuning::halves_algorithm;
+/// use ringccl::internals::plan::tuning::twoshot_algorithm;
 /// use ringccl::{Algorithm, Config};
 /// let c = Config::default();
-/// assert_eq!(halves_algorithm(1 << 20, 2, true, false, &c), Algorithm::Ring);
-/// assert_eq!(halves_algorithm(1 << 20, 2, true, true, &c), Algorithm::TwoShot);
-/// assert_eq!(halves_algorithm(64 << 20, 2, true, true, &c), Algorithm::Ring);
+/// assert_eq!(twoshot_algorithm(1 << 20, 2, true, false, &c), Algorithm::Ring);
+/// assert_eq!(twoshot_algorithm(1 << 20, 2, true, true, &c), Algorithm::TwoShot);
+/// assert_eq!(twoshot_algorithm(64 << 20, 2, true, true, &c), Algorithm::Ring);
+/// assert_eq!(twoshot_algorithm(1 << 20, 16, true, true, &c), Algorithm::Ring);
 /// let mut forced = Config::default();
 /// forced.algorithm = Some(Algorithm::TwoShot);
-/// assert_eq!(halves_algorithm(64 << 20, 2, true, false, &forced), Algorithm::TwoShot);
-/// assert_eq!(halves_algorithm(1 << 20, 2, false, false, &forced), Algorithm::Ring);
+/// assert_eq!(twoshot_algorithm(64 << 20, 2, true, false, &forced), Algorithm::TwoShot);
+/// assert_eq!(twoshot_algorithm(1 << 20, 2, false, false, &forced), Algorithm::Ring);
 /// ```
-pub fn halves_algorithm(
+pub fn twoshot_algorithm(
     bytes: usize,
     nranks: usize,
     twoshot_possible: bool,
