@@ -708,16 +708,13 @@ mod dev {
                 let len = hi - lo;
                 let none = core::ptr::null_mut();
                 match what {
-                    w::REDUCE_SCATTER => {
-                        let own = pick(dsts, rank).add(lo - rank * count);
-                        let at = inputs_at(srcs, nsrc, lo);
-                        reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, none, len, postdiv);
-                    }
-                    w::REDUCE => {
-                        if rank == root {
-                            let own = pick(dsts, rank).add(lo);
-                            let at = inputs_at(srcs, nsrc, lo);
-                            reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, none, len, postdiv);
+                    w::REDUCE_SCATTER | w::REDUCE => {
+                        // Into my share of my output; the reduce: into the root's output.
+                        if what == w::REDUCE_SCATTER || rank == root {
+                            let at = if what == w::REDUCE { lo } else { lo - rank * count };
+                            let own = pick(dsts, rank).add(at);
+                            let from = inputs_at(srcs, nsrc, lo);
+                            reduce_copy::<T, O, MAX_RANKS>(grid, from, nsrc, own, none, len, postdiv);
                         }
                     }
                     w::BROADCAST => {
@@ -748,7 +745,9 @@ mod dev {
                         reduce_copy::<T, Sum, 1>(grid, from, 1, own, next, len, 1);
                         fan_out(grid, own, dsts, rank, nsrc, lo, len);
                     }
-                    _ => {
+                    // (A constant condition: the other collectives' entry points leave the
+                    // all-reduce's code out.)
+                    _ if ALL_REDUCE => {
                         // The all-reduce: fold every input (rank order) into my output and the
                         // next rank's, then copy it into the others'.
                         let own = pick(dsts, rank).add(lo);
@@ -757,6 +756,7 @@ mod dev {
                         reduce_copy::<T, O, MAX_RANKS>(grid, at, nsrc, own, next, len, postdiv);
                         fan_out(grid, own, dsts, rank, nsrc, lo, len);
                     }
+                    _ => {}
                 }
             }
 

@@ -2,7 +2,7 @@
 //! assembles each PTX into a cubin with `ptxas -O3`, and writes (or, with `--check`, compares)
 //! the files under `gpu-kernels/ptx/`: the PTX and cubins zstd-compressed (what the
 //! `gpu-kernels` package ships and ringccl embeds) and `cubins.txt` (which ptxas and which PTX
-//! each cubin came from). The PTX itself, for review, is left in `target/ptx-out/` (about 20 MB
+//! each cubin came from). The PTX itself, for review, is left in `target/ptx-out/` (about 27 MB
 //! per architecture: too large to commit; `zstd -d` of the committed `.zst` gives the same
 //! text).
 
@@ -57,7 +57,7 @@ const COMPILER_FILE: &str = "compiler.txt";
 /// `.note.nv.tkinfo`), so the same flags are part of what makes the output reproducible.
 pub const PTXAS_FLAGS: [&str; 1] = ["-O3"];
 
-/// zstd level of the committed `.zst` files (19: about 2 MB for all four; decoding is as fast
+/// zstd level of the committed `.zst` files (19: about 5 MB for all four; decoding is as fast
 /// at any level).
 const ZSTD_LEVEL: i32 = 19;
 
