@@ -711,10 +711,16 @@ mod dev {
                     w::REDUCE_SCATTER | w::REDUCE => {
                         // Into my share of my output; the reduce: into the root's output.
                         if what == w::REDUCE_SCATTER || rank == root {
-                            let at = if what == w::REDUCE { lo } else { lo - rank * count };
+                            let at = if what == w::REDUCE {
+                                lo
+                            } else {
+                                lo - rank * count
+                            };
                             let own = pick(dsts, rank).add(at);
                             let from = inputs_at(srcs, nsrc, lo);
-                            reduce_copy::<T, O, MAX_RANKS>(grid, from, nsrc, own, none, len, postdiv);
+                            reduce_copy::<T, O, MAX_RANKS>(
+                                grid, from, nsrc, own, none, len, postdiv,
+                            );
                         }
                     }
                     w::BROADCAST => {
