@@ -6,17 +6,18 @@ use gpu_kernels::op::RedOp;
 use gpu_kernels::{DataType, EntryKind, ENTRY_POINTS};
 use std::collections::HashSet;
 
-const REDUCTIONS: [EntryKind; 4] = [
+const REDUCTIONS: [EntryKind; 5] = [
     EntryKind::Reduce,
     EntryKind::ReduceCopy,
     EntryKind::OneShot,
     EntryKind::TwoShot,
+    EntryKind::TwoShotColl,
 ];
 
 #[test]
 fn names_are_unique_and_systematic() {
-    // 10 copies + 10 types x 5 ops x 4 kinds.
-    assert_eq!(ENTRY_POINTS.len(), 10 + 10 * 5 * 4);
+    // 10 copies + 10 types x 5 ops x 5 kinds.
+    assert_eq!(ENTRY_POINTS.len(), 10 + 10 * 5 * 5);
     let names: HashSet<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
     assert_eq!(names.len(), ENTRY_POINTS.len(), "duplicate names");
     for e in ENTRY_POINTS {
@@ -34,6 +35,9 @@ fn names_are_unique_and_systematic() {
             (EntryKind::TwoShot, Some(op)) => {
                 format!("ringccl_twoshot_{}_{}", op.name(), e.dtype.name())
             }
+            (EntryKind::TwoShotColl, Some(op)) => {
+                format!("ringccl_twoshot_coll_{}_{}", op.name(), e.dtype.name())
+            }
             _ => panic!("{e:?}: copies have no operator, reductions have one"),
         };
         assert_eq!(e.name, want);
@@ -41,7 +45,14 @@ fn names_are_unique_and_systematic() {
     let kinds: Vec<&str> = EntryKind::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(
         kinds,
-        ["copy", "reduce", "reduce_copy", "oneshot", "twoshot"]
+        [
+            "copy",
+            "reduce",
+            "reduce_copy",
+            "oneshot",
+            "twoshot",
+            "twoshot_coll"
+        ]
     );
 }
 
@@ -64,16 +75,13 @@ fn layout_copies_then_kind_type_op() {
         .collect();
     assert_eq!(got, want);
     assert_eq!(EntryKind::ALL[1..], REDUCTIONS);
-    // The one-shot and two-shot entries are the table's last 100 rows (appended after the ring
-    // primitives, in that order).
-    assert!(
-        ENTRY_POINTS[ENTRY_POINTS.len() - 100..ENTRY_POINTS.len() - 50]
-            .iter()
-            .all(|e| e.kind == EntryKind::OneShot)
-    );
-    assert!(ENTRY_POINTS[ENTRY_POINTS.len() - 50..]
-        .iter()
-        .all(|e| e.kind == EntryKind::TwoShot));
+    // The one-shot, two-shot and other collectives' two-shot entries are the table's last 150
+    // rows (appended after the ring primitives, in that order).
+    let last =
+        |from: usize, to: usize| &ENTRY_POINTS[ENTRY_POINTS.len() - from..ENTRY_POINTS.len() - to];
+    assert!(last(150, 100).iter().all(|e| e.kind == EntryKind::OneShot));
+    assert!(last(100, 50).iter().all(|e| e.kind == EntryKind::TwoShot));
+    assert!(last(50, 0).iter().all(|e| e.kind == EntryKind::TwoShotColl));
 }
 
 #[test]
