@@ -77,30 +77,24 @@ fn track<'s, T, S: AsRef<CudaStream>>(
         .collect()
 }
 
-/// What a two-shot kernel runs for `c` (the caller chose two-shot only for the collectives it
-/// can run: all but gather and scatter).
-fn twoshot_of(c: Collective) -> exec::oneshot::TwoShotOf {
+/// What a two-shot kernel runs for `c`; `None` for the collectives it cannot run (gather and
+/// scatter).
+fn twoshot_of(c: Collective) -> Option<exec::oneshot::TwoShotOf> {
     use exec::oneshot::TwoShotOf;
     match c {
-        Collective::ReduceScatter { .. } => TwoShotOf::ReduceScatter,
-        Collective::AllGather { .. } => TwoShotOf::AllGather,
-        Collective::AllToAll { .. } => TwoShotOf::AllToAll,
-        Collective::Broadcast { root, .. } => TwoShotOf::Broadcast { root },
-        Collective::Reduce { root, .. } => TwoShotOf::Reduce { root },
-        _ => TwoShotOf::AllReduce,
+        Collective::AllReduce { .. } => Some(TwoShotOf::AllReduce),
+        Collective::ReduceScatter { .. } => Some(TwoShotOf::ReduceScatter),
+        Collective::AllGather { .. } => Some(TwoShotOf::AllGather),
+        Collective::AllToAll { .. } => Some(TwoShotOf::AllToAll),
+        Collective::Broadcast { root, .. } => Some(TwoShotOf::Broadcast { root }),
+        Collective::Reduce { root, .. } => Some(TwoShotOf::Reduce { root }),
+        Collective::Gather { .. } | Collective::Scatter { .. } => None,
     }
 }
 
 /// Whether `c` can run on the two-shot kernel's barriers besides the all-reduce.
 fn twoshot_other(c: Collective) -> bool {
-    matches!(
-        c,
-        Collective::ReduceScatter { .. }
-            | Collective::AllGather { .. }
-            | Collective::AllToAll { .. }
-            | Collective::Broadcast { .. }
-            | Collective::Reduce { .. }
-    )
+    twoshot_of(c).is_some_and(|of| of != exec::oneshot::TwoShotOf::AllReduce)
 }
 
 impl Communicator {
@@ -248,7 +242,9 @@ impl Communicator {
                 }
                 exec::oneshot::Shot::Two {
                     blocks: tuning::twoshot_blocks(max_bytes, n, sms),
-                    of: twoshot_of(c),
+                    of: twoshot_of(c).ok_or_else(|| crate::Error::Internal {
+                        reason: format!("two-shot chosen for a {}", c.name()),
+                    })?,
                 }
             } else {
                 exec::oneshot::Shot::One
@@ -437,7 +433,9 @@ impl Communicator {
                 Algorithm::OneShot => Some(exec::oneshot::Shot::One),
                 Algorithm::TwoShot => Some(exec::oneshot::Shot::Two {
                     blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.two_shot_sms()),
-                    of: twoshot_of(c),
+                    of: twoshot_of(c).ok_or_else(|| crate::Error::Internal {
+                        reason: format!("two-shot chosen for a {}", c.name()),
+                    })?,
                 }),
                 _ => None,
             };

@@ -252,8 +252,9 @@ pub fn execute<S: AsRef<CudaStream>>(
                     // SAFETY: as for the one-shot kernel, for every rank's input and output
                     // (validated for the collective `of` runs: lengths in units of `count`, and a
                     // rank's output equals its input, is its shard of it in NCCL's in-place
-                    // layout, or overlaps neither; unused buffers are 0 and never touched); the two-shot flag regions
-                    // are the communicator's, used by its two-shot kernels only.
+                    // layout, or overlaps neither; unused buffers are 0 and never touched); the
+                    // two-shot flag regions are the communicator's, used by its two-shot kernels
+                    // only.
                     unsafe { kernels.launch_twoshot(stream, dtype, op, &args)? };
                 }
             }
