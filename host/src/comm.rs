@@ -363,7 +363,7 @@ impl Communicator {
             ));
         }
         config.check(nranks)?;
-        let boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
+        let mut boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
         let res = RankResources::new(rank, device, &config)?;
         // With the network path, ranks on other machines are reached over it only.
         let machine = machine_id(config.host_id.as_deref());
@@ -402,6 +402,11 @@ impl Communicator {
                 },
             )?)),
         };
+        // After the join, a bootstrap exchange belongs to a call (the scratch growth, the
+        // call check): it waits no longer than the call's device waits would for a peer.
+        if let Some(t) = config.timeout {
+            boot.set_timeout(t.min(config.bootstrap_timeout));
+        }
         let ctxs = [res.ctx.clone()];
         let transport = Transport::connect(&ctxs, true, config.debug)?;
         let call_state = vec![RankState::new(&res.ctx, rank)?];

@@ -277,11 +277,30 @@ impl Health {
         self.timeout
     }
 
-    /// `Err(Error::Aborted)` once the communicator has failed or been aborted (the reason names
-    /// the first failure).
+    /// `Err` once the communicator has failed or been aborted: [`Error::Aborted`] naming the
+    /// first failure, or, when a device-side wait gave up that the host had not yet been told
+    /// about (a peer that stopped signalling: its timeout sets the control block's abort word),
+    /// that failure itself ([`Error::Timeout`] naming the rank and the peer), which then fails
+    /// the communicator. Costs one load of the control block (pinned host memory) per call.
     pub fn check(&self) -> Result<()> {
         if !self.is_failed.load(Ordering::Acquire) {
-            return Ok(());
+            let abort = self
+                .control
+                .word(gpu_kernels::oneshot::CTL_ABORT)
+                .map_or(0, |w| w.load(Ordering::Relaxed));
+            if abort == 0 {
+                return Ok(());
+            }
+            // The kernel wrote its status before the abort word (release, system scope).
+            std::sync::atomic::fence(Ordering::Acquire);
+            if !self.is_failed.load(Ordering::Acquire) {
+                let e = control_failure(abort, &self.status_words(), &self.slot_ranks, self.timeout)
+                    .unwrap_or_else(|| Error::Aborted {
+                        reason: "the control block's abort word is set".into(),
+                    });
+                self.fail(e.clone());
+                return Err(e);
+            }
         }
         let reason = match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(Error::Aborted { reason }) => reason.clone(),
@@ -289,6 +308,19 @@ impl Health {
             None => "failed".into(),
         };
         Err(Error::Aborted { reason })
+    }
+
+    /// The status words of the control block, slot by slot.
+    fn status_words(&self) -> [u64; gpu_kernels::oneshot::MAX_RANKS] {
+        use gpu_kernels::oneshot::{CTL_STATUS, MAX_RANKS};
+        let mut words = [0u64; MAX_RANKS];
+        for (slot, w) in words.iter_mut().enumerate() {
+            *w = self
+                .control
+                .word(CTL_STATUS + slot)
+                .map_or(0, |x| x.load(Ordering::Acquire));
+        }
+        words
     }
 
     /// The first failure, if any.
@@ -317,35 +349,7 @@ impl Health {
     /// What the kernels reported in the status words, as an error (the first slot that has
     /// one, a timeout before an abort); `None` if no wait gave up.
     pub fn device_status(&self) -> Option<Error> {
-        use gpu_kernels::oneshot::{status, CTL_STATUS, MAX_RANKS};
-        let mut aborted = None;
-        for slot in 0..MAX_RANKS {
-            let word = self.control.word(CTL_STATUS + slot)?.load(Ordering::Acquire);
-            let Some((code, peer)) = status::decode(word) else {
-                continue;
-            };
-            // A rank of a job of processes holds one rank: every slot is its.
-            let rank = match self.slot_ranks.as_slice() {
-                [only] => Some(*only),
-                all => all.get(slot).copied(),
-            };
-            let peer = usize::try_from(peer).ok();
-            if code == status::TIMEOUT {
-                let what = match self.timeout {
-                    Some(t) => format!("a device-side wait of {t:?}"),
-                    None => "a device-side wait".into(),
-                };
-                return Some(Error::Timeout { rank, peer, what });
-            }
-            aborted.get_or_insert(Error::Aborted {
-                reason: format!(
-                    "a device-side wait of rank {} for rank {} was ended by an abort",
-                    rank.map_or_else(|| "?".into(), |r| r.to_string()),
-                    peer.map_or_else(|| "?".into(), |p| p.to_string()),
-                ),
-            });
-        }
-        aborted
+        status_error(&self.status_words(), &self.slot_ranks, self.timeout)
     }
 
     /// Arms the test hook: the next kernel launch of `rank` by an executor fails.
@@ -370,6 +374,56 @@ impl Health {
         }
         Ok(())
     }
+}
+
+/// What [`Health::check`] concludes from the control block: `None` while the abort word
+/// (`abort`) is clear; otherwise what the status words say ([`status_error`]), or, when no
+/// status was written (the word was set by the host, whose own failure record comes first),
+/// `None` too: the caller decides.
+fn control_failure(
+    abort: u64,
+    status: &[u64],
+    slot_ranks: &[usize],
+    timeout: Option<Duration>,
+) -> Option<Error> {
+    if abort == 0 {
+        return None;
+    }
+    status_error(status, slot_ranks, timeout)
+}
+
+/// The status words of a control block (`status[slot]`) as an error: the first slot with a
+/// timeout ([`Error::Timeout`] naming the slot's rank and the peer it waited for), else the
+/// first with an abort ([`Error::Aborted`]), else `None`. A rank of a job of processes holds
+/// one rank: every slot is its (`slot_ranks` of one element).
+fn status_error(status: &[u64], slot_ranks: &[usize], timeout: Option<Duration>) -> Option<Error> {
+    use gpu_kernels::oneshot::status;
+    let mut aborted = None;
+    for (slot, &word) in status.iter().enumerate() {
+        let Some((code, peer)) = status::decode(word) else {
+            continue;
+        };
+        let rank = match slot_ranks {
+            [only] => Some(*only),
+            all => all.get(slot).copied(),
+        };
+        let peer = usize::try_from(peer).ok();
+        if code == status::TIMEOUT {
+            let what = match timeout {
+                Some(t) => format!("a device-side wait of {t:?}"),
+                None => "a device-side wait".into(),
+            };
+            return Some(Error::Timeout { rank, peer, what });
+        }
+        aborted.get_or_insert(Error::Aborted {
+            reason: format!(
+                "a device-side wait of rank {} for rank {} was ended by an abort",
+                rank.map_or_else(|| "?".into(), |r| r.to_string()),
+                peer.map_or_else(|| "?".into(), |p| p.to_string()),
+            ),
+        });
+    }
+    aborted
 }
 
 /// What to query of one rank to see whether its context faulted: the end event of its last
@@ -715,6 +769,42 @@ mod tests {
         assert!(!freed.load(Ordering::SeqCst), "freed while a graph holds it");
         drop(graph_ref); // the last graph goes
         assert!(freed.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_device_side_timeout_is_reported_with_its_rank_and_peer() {
+        use gpu_kernels::oneshot::{status, MAX_RANKS};
+        let t = Some(Duration::from_secs(3));
+        let mut words = [0u64; MAX_RANKS];
+        // Abort word clear: nothing to report, whatever the status words hold (one load).
+        words[0] = status::encode(status::TIMEOUT, 1);
+        assert_eq!(control_failure(0, &words, &[5], t), None);
+        // A rank of a job of processes (one slot rank): the timeout names it and the peer.
+        let e = control_failure(1, &words, &[5], t).expect("a failure");
+        assert_eq!(
+            e,
+            Error::Timeout {
+                rank: Some(5),
+                peer: Some(1),
+                what: "a device-side wait of 3s".into()
+            }
+        );
+        // A timeout comes before an abort of an earlier slot; slots name their ranks.
+        let mut words = [0u64; MAX_RANKS];
+        words[0] = status::encode(status::ABORTED, 2);
+        words[1] = status::encode(status::TIMEOUT, 3);
+        assert!(matches!(
+            control_failure(1, &words, &[0, 1, 2, 3], None),
+            Some(Error::Timeout { rank: Some(1), peer: Some(3), .. })
+        ));
+        // Only aborts: `Aborted`, naming the ranks.
+        words[1] = 0;
+        match control_failure(1, &words, &[0, 1, 2, 3], None) {
+            Some(Error::Aborted { reason }) => assert!(reason.contains("rank 0 for rank 2"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // The abort word set with no status (the host's own abort): the caller decides.
+        assert_eq!(control_failure(1, &[0; MAX_RANKS], &[0], None), None);
     }
 
     #[test]
