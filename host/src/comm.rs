@@ -135,6 +135,23 @@ pub(crate) struct ProcessRank {
     pub net_all: bool,
     /// The ranks of each machine (the hierarchical all-reduce's layout).
     pub machines: Machines,
+    /// The watch over the peers' bootstrap connections (a peer's process gone), and the
+    /// health that says whether the drop tells the peers goodbye.
+    watch: Option<(crate::bootstrap::Watcher, Arc<Health>)>,
+}
+
+impl Drop for ProcessRank {
+    fn drop(&mut self) {
+        // The communicator's drop has waited for this rank's work. A rank that ends normally
+        // tells its peers, so that they do not take its closing connections for a lost process;
+        // a failed one does not, so that they learn of it at once.
+        if let Some((watcher, health)) = self.watch.take() {
+            drop(watcher);
+            if health.ends_normally() {
+                self.boot.goodbye();
+            }
+        }
+    }
 }
 
 impl ProcessRank {
@@ -410,7 +427,11 @@ impl Communicator {
         let ctxs = [res.ctx.clone()];
         let transport = Transport::connect(&ctxs, true, config.debug)?;
         let call_state = vec![RankState::new(&res.ctx, rank)?];
-        let health = Health::new(&res.ctx, vec![rank], config.timeout)?;
+        let health = Arc::new(Health::new(&res.ctx, vec![rank], config.timeout)?);
+        let grace = config.timeout.map_or(Duration::from_secs(1), |t| t.min(Duration::from_secs(1)));
+        // SAFETY: `state.end` lives in the `ProcessRank` whose drop stops the watcher first.
+        let watcher =
+            unsafe { crate::resources::watch_peers(&boot, &health, &res.ctx, state.end.cu_event(), grace)? };
         let comm = Communicator {
             streams: vec![res.stream.clone()],
             local: vec![rank],
@@ -431,8 +452,9 @@ impl Communicator {
                 net,
                 net_all,
                 machines,
+                watch: Some((watcher, Arc::clone(&health))),
             }),
-            health: Arc::new(health),
+            health,
             launch_blocking: launch_blocking_env(),
             graphs: Arc::default(),
             rank_threads: None,
@@ -732,7 +754,7 @@ impl Communicator {
     /// ```
     pub fn abort(&self) -> Result<()> {
         self.health.fail(Error::Aborted {
-            reason: "aborted by the caller".into(),
+            reason: crate::resources::CALLER_ABORT.into(),
         });
         let limit = self.config.timeout.unwrap_or(DRAIN_AFTER_ABORT);
         // A rank whose context died runs nothing any more: count it as drained.

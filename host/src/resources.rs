@@ -240,7 +240,13 @@ pub struct Health {
     is_failed: AtomicBool,
     /// Test hook: rank + 1 whose next kernel launch fails (0: none).
     fail_launch: AtomicUsize,
+    /// Rank + 1 of a peer whose process is gone (its bootstrap connection closed without a
+    /// goodbye), 0 while none: the next call fails ([`Health::peer_lost`]).
+    lost: AtomicUsize,
 }
+
+/// The reason of [`Error::Aborted`] after the caller's own abort (`Communicator::abort`).
+pub const CALLER_ABORT: &str = "aborted by the caller";
 
 impl Health {
     /// The health of a fresh communicator whose status slots are `slot_ranks` (at most
@@ -258,6 +264,7 @@ impl Health {
             failed: Mutex::new(None),
             is_failed: AtomicBool::new(false),
             fail_launch: AtomicUsize::new(0),
+            lost: AtomicUsize::new(0),
         })
     }
 
@@ -282,6 +289,9 @@ impl Health {
     /// about (a peer that stopped signalling: its timeout sets the control block's abort word),
     /// that failure itself ([`Error::Timeout`] naming the rank and the peer), which then fails
     /// the communicator. Costs one load of the control block (pinned host memory) per call.
+    ///
+    /// A peer whose process is gone ([`Health::peer_lost`]) fails the call too, with
+    /// [`Error::Bootstrap`] (`BootstrapFailure::PeerLost`) naming it.
     pub fn check(&self) -> Result<()> {
         if !self.is_failed.load(Ordering::Acquire) {
             let abort = self
@@ -289,7 +299,13 @@ impl Health {
                 .word(gpu_kernels::oneshot::CTL_ABORT)
                 .map_or(0, |w| w.load(Ordering::Relaxed));
             if abort == 0 {
-                return Ok(());
+                let lost = self.lost.load(Ordering::Relaxed);
+                if lost == 0 {
+                    return Ok(());
+                }
+                let e = self.lost_error(lost - 1);
+                self.fail(e.clone());
+                return Err(e);
             }
             // The kernel wrote its status before the abort word (release, system scope).
             std::sync::atomic::fence(Ordering::Acquire);
@@ -321,6 +337,38 @@ impl Health {
                 .map_or(0, |x| x.load(Ordering::Acquire));
         }
         words
+    }
+
+    /// Notes that `peer`'s process is gone (its bootstrap connection closed without a
+    /// goodbye): the next call fails with [`Health::lost_error`]. Work already enqueued is not
+    /// ended here: it may not need the peer any more (the peer finished its part and exited
+    /// without destroying its communicator); see [`Health::fail`].
+    pub fn peer_lost(&self, peer: usize) {
+        let _ = self
+            .lost
+            .compare_exchange(0, peer.saturating_add(1), Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// The error of a lost `peer`, as this communicator's rank reports it.
+    pub fn lost_error(&self, peer: usize) -> Error {
+        Error::Bootstrap {
+            rank: self.slot_ranks.first().copied(),
+            failure: crate::error::BootstrapFailure::PeerLost,
+            detail: format!(
+                "the connection to rank {peer} closed without a goodbye: its process exited or \
+                 crashed without destroying its communicator"
+            ),
+        }
+    }
+
+    /// Whether the communicator ends normally: not failed, or aborted by its caller only (its
+    /// peers are then told goodbye rather than left to find the rank gone).
+    pub fn ends_normally(&self) -> bool {
+        match self.failure() {
+            None => true,
+            Some(Error::Aborted { reason }) => reason == CALLER_ABORT,
+            Some(_) => false,
+        }
     }
 
     /// The first failure, if any.
@@ -374,6 +422,51 @@ impl Health {
         }
         Ok(())
     }
+}
+
+/// A raw event handle, for the peer watcher's thread.
+struct EndEvent(sys::CUevent);
+
+// SAFETY: a CUDA event handle may be queried from any thread; the watcher that holds it is
+// stopped before the event is destroyed (see [`watch_peers`]).
+unsafe impl Send for EndEvent {}
+
+/// Starts the watch over a rank's bootstrap connections ([`crate::bootstrap::Watcher`]): a
+/// peer whose connection closes without a goodbye is lost ([`Health::peer_lost`]: the next
+/// call fails); if this rank's enqueued work (whose end is `end`, an event of `ctx`) has not
+/// ended `grace` later, it waits for the lost peer: the communicator is failed then (the abort
+/// word ends its device waits at once).
+///
+/// # Safety
+/// `end` must stay a live event of `ctx` until the returned watcher is dropped.
+pub(crate) unsafe fn watch_peers(
+    boot: &crate::bootstrap::Bootstrap,
+    health: &Arc<Health>,
+    ctx: &Arc<CudaContext>,
+    end: sys::CUevent,
+    grace: Duration,
+) -> Result<crate::bootstrap::Watcher> {
+    let (health, ctx, end) = (Arc::clone(health), Arc::clone(ctx), EndEvent(end));
+    let on_lost = move |peer: usize| {
+        health.peer_lost(peer);
+        let end = &end;
+        let _ = ctx.bind_to_thread();
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: the event is alive while the watcher runs (the caller's contract).
+            match unsafe { sys::cuEventQuery(end.0) } {
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                // Done, or a dead context (which runs nothing any more).
+                _ => return,
+            }
+            if t0.elapsed() >= grace {
+                health.fail(health.lost_error(peer));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    crate::bootstrap::Watcher::spawn(boot.peer_sockets()?, Duration::from_millis(10), on_lost)
 }
 
 /// What [`Health::check`] concludes from the control block: `None` while the abort word

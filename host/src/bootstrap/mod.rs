@@ -37,7 +37,8 @@
 //! * **failure** (root → rank): a [`BootstrapFailure`] code (u8), then a UTF-8 message.
 //! * **peer hello** (rank → lower rank, once per connection): key (u64), nranks (u32), rank
 //!   (u32).
-//! * **data** (rank → rank): an operation tag (u8: 1 all-gather, 2 barrier, 3 send), then the
+//! * **data** (rank → rank): an operation tag (u8: 1 all-gather, 2 barrier, 3 send, 4 goodbye: the rank ends
+//!   normally, see `Bootstrap::goodbye`), then the
 //!   bytes. A tag other than the one expected is [`BootstrapFailure::Protocol`]: the ranks
 //!   called different operations.
 //!
@@ -74,6 +75,7 @@ mod id;
 mod join;
 mod launch;
 mod root;
+mod watch;
 mod wire;
 
 use std::fmt;
@@ -85,6 +87,7 @@ use std::time::Duration;
 pub use crate::error::BootstrapFailure;
 pub use id::{UniqueId, UNIQUE_ID_BYTES};
 pub use launch::{LaunchEnv, RENDEZVOUS_PORT_OFFSET};
+pub use watch::{PeerSockets, Watcher};
 pub use wire::{MAX_DATA, MAX_RANKS};
 
 use wire::{fail, frame, io_fail, read_frame, write_all_by, Deadline, KIND_DATA};
@@ -96,12 +99,15 @@ const OP_ALL_GATHER: u8 = 1;
 const OP_BARRIER: u8 = 2;
 /// Data tag of [`Bootstrap::send`].
 const OP_SEND: u8 = 3;
+/// Data tag of [`Bootstrap::goodbye`].
+const OP_GOODBYE: u8 = 4;
 
 fn op_name(op: u8) -> &'static str {
     match op {
         OP_ALL_GATHER => "all_gather",
         OP_BARRIER => "barrier",
         OP_SEND => "send/recv",
+        OP_GOODBYE => "goodbye",
         _ => "an unknown operation",
     }
 }
@@ -314,6 +320,49 @@ impl Bootstrap {
         let r = peer_stream(&st.peers, peer)
             .and_then(|s| self.read_data(s, peer, OP_SEND, deadline));
         self.settle(st, r)
+    }
+
+    /// Tells every peer that this rank ends normally (a goodbye frame, best effort, at most
+    /// 100 ms per peer), before its connections close: a peer's [`PeerSockets`] then does not
+    /// take the closing for a lost process. Nothing may be exchanged afterwards.
+    ///
+    /// ```
+    /// let id = ringccl::UniqueId::new_at("127.0.0.1:0".parse()?)?;
+    /// let b = ringccl::bootstrap::Bootstrap::join(&id, 1, 0, std::time::Duration::from_secs(5))?;
+    /// b.goodbye();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn goodbye(&self) {
+        let Ok(st) = self.state.lock() else { return };
+        let msg = data_frame(OP_GOODBYE, &[]);
+        for s in st.peers.iter().flatten() {
+            let _ = write_all_by(s, &msg, Deadline::after(Duration::from_millis(100)));
+        }
+    }
+
+    /// Copies of this rank's connections to its peers, for a watcher (see [`PeerSockets`]):
+    /// a connection that closes without a goodbye ([`Bootstrap::goodbye`]) is a peer whose
+    /// process is gone.
+    ///
+    /// ```
+    /// let id = ringccl::UniqueId::new_at("127.0.0.1:0".parse()?)?;
+    /// let b = ringccl::bootstrap::Bootstrap::join(&id, 1, 0, std::time::Duration::from_secs(5))?;
+    /// let mut w = b.peer_sockets()?;
+    /// assert_eq!((w.poll(), w.watched()), (None, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peer_sockets(&self) -> Result<PeerSockets> {
+        let st = self.state()?;
+        let mut socks = Vec::new();
+        for (p, s) in st.peers.iter().enumerate() {
+            if let Some(s) = s {
+                let c = s
+                    .try_clone()
+                    .map_err(|e| io_fail(Some(self.rank), "cannot watch the connections", &e))?;
+                socks.push((p, c));
+            }
+        }
+        Ok(PeerSockets::new(socks))
     }
 
     /// The lock, or the error that broke the connections.
