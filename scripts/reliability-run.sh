@@ -8,6 +8,12 @@
 # (names as in the summary). Logs go to $OUT (default /tmp/ringccl-reliability), one
 # <step>.log per step, re-packed into $OUT/logs.tar.gz after each step; a summary is printed
 # last, and the script exits non-zero if a step failed.
+# ONE_GPU=1: the processes of a job share one GPU: the script starts MPS
+# (nvidia-cuda-mps-control -d, pipes in /tmp/mps-pipe, logs in /tmp/mps-log) unless it runs,
+# stops it at the end if it started it, and the multi-process steps run RINGCCL_TEST_PROCESSES
+# processes on GPU 0. The kill steps (kill-2, kill-4, kill-init, kill-exit: 56 kills in all)
+# kill one rank of each job and print one summary line each with the kills made and the slowest
+# time to error; KILL_TIMEOUT (default 3) is their RINGCCL_TIMEOUT.
 set -uo pipefail
 D=${1:?directory with the test binaries}
 BUDGET=${2:-280}
@@ -25,6 +31,22 @@ if ! ldconfig -p | grep -q 'libnccl\.so '; then
 fi
 SUMMARY=()
 FAILED=0
+MPS_STARTED=0
+if [ "${ONE_GPU:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if ! echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
+    nvidia-cuda-mps-control -d && MPS_STARTED=1 && echo "MPS started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+  fi
+  export RINGCCL_TEST_PROCESSES=${RINGCCL_TEST_PROCESSES:-2}
+fi
+stop_mps() {
+  if [ "$MPS_STARTED" = 1 ]; then
+    cp "$CUDA_MPS_LOG_DIRECTORY"/*.log "$OUT/logs/" 2>/dev/null
+    echo quit | nvidia-cuda-mps-control && MPS_STARTED=0 && echo "MPS stopped"
+  fi
+}
+trap stop_mps EXIT
 # PACK_TO (optional): a directory that also gets the packed logs after each step.
 pack() {
   tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null
@@ -44,7 +66,7 @@ step() { # name limit cmd...
   rc=$?
   [ "$rc" -ne 0 ] && FAILED=$((FAILED + 1))
   tail -n 4 "$OUT/logs/$name.log"
-  SUMMARY+=("$name: exit $rc, $((SECONDS - t0)) s; $(grep -E 'test result|stress:|ERROR SUMMARY|every sanitizer|us per call' "$OUT/logs/$name.log" | tail -n 2 | tr '\n' ' ' | cut -c1-220)")
+  SUMMARY+=("$name: exit $rc, $((SECONDS - t0)) s; $(grep -E 'test result|stress:|ERROR SUMMARY|every sanitizer|us per call|kill summary' "$OUT/logs/$name.log" | tail -n 2 | tr '\n' ' ' | cut -c1-220)")
   pack
 }
 nvidia-smi --query-gpu=index,name,driver_version --format=csv >"$OUT/logs/gpus.txt" 2>&1
@@ -62,6 +84,17 @@ run_step() {
     launch-blocking) step launch-blocking 40 "$R" "${T[@]}" launch_blocking_small_all_reduces_complete ;;
     process-timeouts) step process-timeouts 30 "$R" "${T[@]}" process_ranks_time_out_and_abort ;;
     kill-9) step kill-9 60 "$R" "${T[@]}" a_killed_process_makes_its_peer_fail_in_time ;;
+    kill-2 | kill-4 | kill-init | kill-exit)
+      local n=2 jobs=30 par=6 mode=kill limit=240
+      case $1 in
+        kill-4) n=4 jobs=14 par=3 ;;
+        kill-init) jobs=6 par=3 mode=init limit=90 ;;
+        kill-exit) jobs=6 par=3 mode=exit limit=120 ;;
+      esac
+      step "$1" "$limit" env RINGCCL_KILL_RANKS=$n RINGCCL_KILL_JOBS=$jobs RINGCCL_KILL_PARALLEL=$par \
+        RINGCCL_KILL_MODE=$mode RINGCCL_TIMEOUT="${KILL_TIMEOUT:-3}" \
+        "$D/test-kill" "${T[@]}" killed_ranks_end_their_peers_calls_in_time ;;
+    kill-abort) step kill-abort 60 "$D/test-kill" "${T[@]}" abort_ends_a_call_blocked_on_the_host ;;
     stress) step stress 90 "$D/test-stress" --include-ignored --test-threads=1 --nocapture ;;
     collectives) step collectives 120 "$D/test-collectives" --include-ignored --test-threads=1 --nocapture ;;
     multi-process) step multi-process 60 "$D/test-multi_process" --include-ignored --test-threads=1 \
@@ -76,7 +109,7 @@ run_step() {
   esac
 }
 ALL="late-peer injected fault fault-procs graphs untracked foreign launch-blocking process-timeouts \
-kill-9 stress collectives \
+kill-9 kill-2 kill-4 kill-init kill-exit kill-abort stress collectives \
 multi-process memcheck racecheck synccheck"
 for s in ${STEPS:-$ALL}; do
   run_step "$s"
