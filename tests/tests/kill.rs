@@ -138,6 +138,8 @@ fn kill_driver() {
         let line = format!("{}\t{:?}\t{e}\n", now_us(), named);
         std::fs::write(dir.join(format!("rank{rank}.err")), line).expect("the error file");
         println!("rank {rank}: failed: {e} (names rank {named:?})");
+        fresh_all_reduce(device);
+        println!("rank {rank}: a new communicator on GPU {device} all-reduced correctly");
         std::process::exit(if named.is_some() { 0 } else { 3 });
     };
     let comm = Communicator::init_rank(n, &id, rank, device).unwrap_or_else(|e| fail(e));
