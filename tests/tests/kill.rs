@@ -1,7 +1,7 @@
 //! A killed or vanished process of a job must end its peers' calls within the timeout.
 //!
-//! Jobs of 2 or 4 processes (each rank on its own GPU where there are enough, else every rank
-//! on GPU 0, which needs MPS: `nvidia-cuda-mps-control -d`) run a random stream of calls of
+//! Jobs of 2 or 4 processes (rank r on GPU r % GPUs; processes that share a GPU need MPS:
+//! `nvidia-cuda-mps-control -d`) run a random stream of calls of
 //! every algorithm a job of processes uses: all-reduces from a few elements (one-shot) to tens
 //! of MiB (two-shot, the ring through the scratch, scratch growth), the other collectives
 //! (two-shot and ring), and point-to-point `peer_ops`; the same stream on every rank (one seed
@@ -63,14 +63,10 @@ fn now_us() -> u128 {
         .map_or(0, |d| d.as_micros())
 }
 
-/// The device of rank `rank` of `n`: its own GPU where there are `n`, else GPU 0 (MPS).
-fn device_for(rank: usize, n: usize) -> usize {
+/// The device of rank `rank`: GPU `rank % gpus` (ranks sharing a GPU need MPS).
+fn device_for(rank: usize, _n: usize) -> usize {
     let gpus = CudaContext::device_count().map_or(1, |c| c.max(1) as usize);
-    if gpus >= n {
-        rank
-    } else {
-        0
-    }
+    rank % gpus
 }
 
 /// One call of the stream, drawn from `rng` (the same on every rank of a job).
