@@ -46,26 +46,41 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     guard("ncclGroupEnd", coll::group_end)
 }
 
-/// `ncclGroupSimulateEnd`: not supported (`ncclInvalidUsage`; the group stays open).
+/// `ncclGroupSimulateEnd`: with NULL, [`ncclGroupEnd`] (as NCCL). Otherwise the group ends as
+/// NCCL's simulation ends it (the thread leaves the group; none of the group's calls is
+/// issued), but ringccl has no cost model to fill in `estimatedTime`: the outermost call
+/// returns `ncclInvalidUsage` (`ncclInvalidArgument` for a `simInfo` without
+/// `NCCL_SIM_INFO_INITIALIZER`'s magic). An inner level returns `ncclSuccess`, as in NCCL.
 ///
 /// # Safety
 ///
-/// `sim_info` is not read.
+/// `sim_info` is NULL or points to an `ncclSimInfo_t` (at least its `size` field, and as many
+/// bytes as it says, up to the struct's size).
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// // SAFETY: nothing is read.
-/// assert_eq!(unsafe { ncclGroupSimulateEnd(null_mut()) }, 5);
+/// let mut sim = types::ncclSimInfo_t { size: 24, magic: 0x74685283, version: 22809, estimated_time: -1.0 };
+/// assert_eq!(ncclGroupStart(), 0);
+/// // SAFETY: a valid ncclSimInfo_t.
+/// assert_eq!(unsafe { ncclGroupSimulateEnd(&mut sim) }, 5); // no cost model
+/// assert_eq!(ncclGroupEnd(), 5); // the group did end: no group is open
 /// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
-    let _ = sim_info;
+    let _keep = KeepContext::new();
     guard("ncclGroupSimulateEnd", || {
-        Err(Fail::unsupported(
-            "ncclGroupSimulateEnd",
-            "ringccl has no cost model to report; end the group with ncclGroupEnd",
-        ))
+        if sim_info.is_null() {
+            return coll::group_end();
+        }
+        // SAFETY: the caller's contract: `size` comes first; `magic` is read only when the
+        // caller's struct holds it.
+        let valid = unsafe {
+            let size = std::ptr::addr_of!((*sim_info).size).read_unaligned();
+            size >= std::mem::offset_of!(ncclSimInfo_t, version)
+                && std::ptr::addr_of!((*sim_info).magic).read_unaligned() == 0x7468_5283
+        };
+        coll::group_simulate_end(valid)
     })
 }
 

@@ -92,6 +92,37 @@ pub fn group_end() -> Result<()> {
     first
 }
 
+/// `ncclGroupSimulateEnd` with a `ncclSimInfo_t`: ends the group as NCCL does (inner level:
+/// nothing; outermost: the thread leaves the group, the group's initialisations are waited for,
+/// and, as in a simulation, none of its calls is issued: they are dropped). ringccl has no cost
+/// model to fill in `estimatedTime`, so the outermost end then fails with `ncclInvalidUsage`
+/// (or with the group's own first error, or `ncclInvalidArgument` for a `simInfo` not made with
+/// `NCCL_SIM_INFO_INITIALIZER`); the thread is out of the group either way.
+pub fn group_simulate_end(sim_info_valid: bool) -> Result<()> {
+    let Some(done) = group::end()? else {
+        return Ok(());
+    };
+    let mut first = match done.error {
+        Some(f) => Err(f),
+        None if !sim_info_valid => Err(Fail::arg(
+            "simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER (magic 0x74685283)",
+        )),
+        None => Err(Fail::usage(
+            "ringccl has no cost model to estimate the group's time; the group ended and none \
+             of its calls was issued (as in a simulation): end it with ncclGroupEnd to run them",
+        )),
+    };
+    for h in &done.inits {
+        if let Err(f) = h.wait_init() {
+            first = Err(f);
+        }
+    }
+    for w in &done.worlds {
+        w.lock().discard(done.tag);
+    }
+    first
+}
+
 /// Issues every complete set of collectives of `world`, in order, then the queued sends and
 /// receives: across processes at once, in one process once both sides of every transfer are
 /// queued (ranks driven by several threads). The first failure is returned (the failing set is

@@ -253,8 +253,18 @@ int main(void) {
   CHECK(ncclGroupStart() == ncclSuccess, "nested group start");
   CHECK(ncclGroupEnd() == ncclSuccess, "nested group end");
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  CHECK(ncclGroupStart() == ncclSuccess, "nested group start");
+  CHECK(ncclGroupSimulateEnd(&sim) == ncclSuccess, "simulate at an inner level: nothing, as NCCL");
+  /* The outermost simulated end closes the group as NCCL's does (nothing issued), but has no
+   * estimate to give. */
   CHECK(ncclGroupSimulateEnd(&sim) == ncclInvalidUsage, "simulate");
-  CHECK(ncclGroupEnd() == ncclSuccess, "group end");
+  CHECK(strstr(ncclGetLastError(NULL), "no cost model") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(ncclGroupEnd() == ncclInvalidUsage, "the simulated end closed the group");
+  CHECK(ncclGroupStart() == ncclSuccess, "group start");
+  sim.magic = 0;
+  CHECK(ncclGroupSimulateEnd(&sim) == ncclInvalidArgument, "simulate with a bad magic");
+  CHECK(ncclGroupStart() == ncclSuccess, "group start");
+  CHECK(ncclGroupSimulateEnd(NULL) == ncclSuccess, "simulate(NULL) is ncclGroupEnd");
   CHECK(ncclGroupEnd() == ncclInvalidUsage, "group end without start");
 
   CHECK(ncclMemFree(NULL) == ncclSuccess, "free NULL");
