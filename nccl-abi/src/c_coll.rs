@@ -126,21 +126,17 @@ fn collective(a: Args) -> Result<()> {
     let m = h.member()?;
     let dtype = types::data_type(datatype).map_err(Fail::arg)?;
     let reduces = matches!(kind, Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter);
-    let op = if reduces {
+    let (op, premul) = if reduces {
         // Built-ins, or an operator created on this communicator for this datatype; anything
         // else is refused here, before anything is queued.
         let resolved = h.ops().resolve(op, datatype)?;
-        match (ops::premul_for(&resolved)?, resolved) {
-            (None, ops::Resolved::Builtin(r)) => r,
-            _ => {
-                return Err(Fail::new(
-                    NCCL_INTERNAL_ERROR,
-                    "a PreMulSum operator reached the data path, which cannot run it",
-                ))
-            }
+        let premul = ops::premul_for(&resolved)?;
+        match resolved {
+            ops::Resolved::Builtin(r) => (r, premul),
+            ops::Resolved::PreMul(_) => (ringccl::RedOp::Sum, premul),
         }
     } else {
-        ringccl::RedOp::Sum
+        (ringccl::RedOp::Sum, None)
     };
     let n = m.world.comm.nranks();
     let root = if kind.rooted() {
@@ -169,6 +165,7 @@ fn collective(a: Args) -> Result<()> {
         count,
         dtype,
         op,
+        premul,
         root,
         send: send as u64,
         recv: recv as u64,

@@ -307,6 +307,13 @@ fn issue(world: &World, set: &[CollCall]) -> Result<()> {
     if first.count == 0 {
         return Ok(());
     }
+    if first.premul.is_some() {
+        // Where the PreMulSum host call goes; `ops::premul_for` keeps such calls out today.
+        return Err(Fail::new(
+            crate::types::NCCL_INTERNAL_ERROR,
+            "a PreMulSum collective reached a data path that cannot run it; nothing was run",
+        ));
+    }
     match first.dtype {
         DataType::F32 => issue_typed::<f32>(world, set),
         DataType::F64 => issue_typed::<f64>(world, set),
@@ -425,6 +432,7 @@ mod tests {
             count,
             dtype: DataType::F32,
             op: RedOp::Sum,
+            premul: None,
             root: 1,
             send,
             recv,

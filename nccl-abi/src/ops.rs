@@ -191,7 +191,9 @@ fn unknown(op: ncclRedOp_t) -> String {
 
 /// The PreMulSum operator a reducing collective runs with: `None` for a built-in. This is
 /// the one place where a valid PreMulSum operator meets the host library; until the library
-/// executes PreMulSum it fails here, loudly, with `ncclInvalidUsage`.
+/// executes PreMulSum it fails here, loudly, with `ncclInvalidUsage`, before anything is
+/// queued. Once it does, this returns `Ok(Some(p))`: the call carries `p` (the queued
+/// call's `premul`) to where the collective is issued, which hands it to the host call.
 ///
 /// ```
 /// use ringccl_nccl::ops::{premul_for, PreMul, Resolved, Scalar};

@@ -5,11 +5,13 @@
 //! a group), so that a group that failed can drop exactly its own calls at `ncclGroupEnd`.
 //!
 //! This module is the bottom of the crate's call path: `comm` holds a [`Queues`] per world,
-//! `group` and `coll` use it; it uses none of them.
+//! `group` and `coll` use it; it uses none of them (only the plain data of `ops`).
 
 use std::collections::{HashMap, VecDeque};
 
 use ringccl::{DataType, RedOp};
+
+use crate::ops::PreMul;
 
 /// The collectives of nccl.h.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,8 +67,11 @@ pub struct CollCall {
     pub count: usize,
     /// The element type.
     pub dtype: DataType,
-    /// The operator (`Sum` where there is none).
+    /// The operator (`Sum` where there is none, and for PreMulSum).
     pub op: RedOp,
+    /// The PreMulSum operator, when the call has one (its factor is applied to every input
+    /// before the sum). `None` in this build: [`crate::ops::premul_for`] refuses them.
+    pub premul: Option<PreMul>,
     /// The root (0 where there is none).
     pub root: usize,
     /// `sendbuff`.
@@ -80,8 +85,14 @@ pub struct CollCall {
 impl CollCall {
     /// Whether two ranks' calls are the same collective.
     pub fn same_as(&self, o: &CollCall) -> bool {
-        (self.kind, self.count, self.dtype, self.op, self.root)
-            == (o.kind, o.count, o.dtype, o.op, o.root)
+        (
+            self.kind,
+            self.count,
+            self.dtype,
+            self.op,
+            self.premul,
+            self.root,
+        ) == (o.kind, o.count, o.dtype, o.op, o.premul, o.root)
     }
 
     /// The call in words, for messages.
@@ -234,6 +245,7 @@ mod tests {
             count: 4,
             dtype: DataType::F32,
             op: RedOp::Sum,
+            premul: None,
             root: 0,
             send,
             recv: send,
