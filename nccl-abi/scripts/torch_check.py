@@ -40,6 +40,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -167,7 +168,7 @@ def premul_sum(rank, world, dev, results, failures):
     for name, factor, on_device in cases:
         key = f"premul_sum/{name}"
         try:
-            f = torch.tensor([factor], dtype=torch.float32, device=dev) if on_device else factor
+            f = torch.tensor(factor, dtype=torch.float32, device=dev) if on_device else factor
             op = dist._make_nccl_premul_sum(f)
             if name.startswith("all_reduce"):
                 t = inputs(rank, n, torch.float32, dev)
@@ -201,25 +202,35 @@ def child_job(mode, nproc, env_extra, timeout):
     port = free_port()
     procs = []
     for r in range(nproc):
-        env = dict(os.environ)
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                  "TORCHELASTIC_RUN_ID", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT"):
-            env.pop(k, None)
+        # torchrun's variables (its agent store above all) stay out: the child job has its own
+        # rendezvous on its own port.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_")) and k not in (
+                   "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT",
+                   "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK")}
         env.update(env_extra)
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         cmd = [sys.executable, os.path.abspath(__file__), "--out", "-", "--child", mode,
                "--child-rank", str(r), "--child-world", str(nproc)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        # Output to files, not pipes: a child never blocks on a full pipe while another is read.
+        log = tempfile.TemporaryFile(mode="w+")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), log))
     out = []
     deadline = time.time() + timeout
-    for p in procs:
+    for p, log in procs:
         try:
-            o, _ = p.communicate(timeout=max(1, deadline - time.time()))
-            out.append((p.returncode, o))
+            p.wait(timeout=max(1, deadline - time.time()))
+            note = ""
         except subprocess.TimeoutExpired:
             p.kill()
-            o, _ = p.communicate()
-            out.append((None, o + "\n[killed: the child ran past its time limit]"))
+            p.wait()
+            note = "\n[killed: the child ran past its time limit]"
+        log.seek(0)
+        rc = p.returncode if not note else None
+        out.append((rc, log.read() + note))
+        log.close()
     return out
 
 
@@ -277,8 +288,9 @@ def watchdog_check():
         "\n".join(out1.splitlines()[-5:])
 
 
-def register_child(rank, world):
-    """The allocator hook (set by the parent) and an NCCL MemPool; prints REGISTER-CHILD lines."""
+def register_hook_child(rank, world):
+    """TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 (set by the parent): every allocator
+    segment is registered with ncclCommRegister, and deregistered when freed."""
     dev = child_init(rank, world)
     bad = 0
     n = 1 << 18
@@ -289,53 +301,65 @@ def register_child(rank, world):
         if not torch.equal(t.cpu(), torch.full((n,), float(want))):
             bad += 1
         del t
-        torch.cuda.empty_cache()  # frees segments: the hook deregisters them
-    print(f"REGISTER-CHILD: allocator hook: 3 all_reduce, {bad} wrong", flush=True)
-    pg = dist.group.WORLD
-    try:
-        backend = pg._get_backend(dev)
-    except Exception as e:  # noqa: BLE001
-        backend = None
-        print(f"REGISTER-CHILD: SKIP mem pool: no backend object ({e})", flush=True)
-    if backend is not None and hasattr(backend, "mem_allocator") and hasattr(backend, "register_mem_pool") \
-            and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool"):
-        pool = torch.cuda.MemPool(backend.mem_allocator)
-        with torch.cuda.use_mem_pool(pool):
-            t = torch.full((n,), float(rank + 1), device=dev)
-        backend.register_mem_pool(pool)
-        dist.all_reduce(t)
         torch.cuda.synchronize()
-        ok = torch.equal(t.cpu(), torch.full((n,), float(sum(r + 1 for r in range(world)))))
-        bad += 0 if ok else 1
-        if hasattr(backend, "deregister_mem_pool"):
-            backend.deregister_mem_pool(pool)
-        del t
-        del pool
-        print(f"REGISTER-CHILD: mem pool (ncclMemAlloc) registered: all_reduce {'ok' if ok else 'WRONG'}", flush=True)
-    elif backend is not None:
-        print("REGISTER-CHILD: SKIP mem pool: this torch has no MemPool/register_mem_pool", flush=True)
+        torch.cuda.empty_cache()  # frees the segments: the hook deregisters them
     dist.destroy_process_group()
-    print(f"REGISTER-CHILD: done, {bad} wrong", flush=True)
+    print(f"REGISTER-CHILD: allocator hook: 3 all_reduce, {bad} wrong", flush=True)
     os._exit(1 if bad else 0)
+
+
+def register_pool_child(rank, world):
+    """A torch.cuda.MemPool on the process group's NCCL allocator (ncclMemAlloc), registered
+    with register_mem_pool; exits 0 (with a SKIP line) where this torch lacks the API."""
+    dev = child_init(rank, world)
+    n = 1 << 18
+    try:
+        backend = dist.group.WORLD._get_backend(dev)
+    except Exception as e:  # noqa: BLE001
+        print(f"REGISTER-CHILD: SKIP mem pool: no backend object ({e})", flush=True)
+        os._exit(0)
+    if not (hasattr(backend, "mem_allocator") and hasattr(backend, "register_mem_pool")
+            and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        print("REGISTER-CHILD: SKIP mem pool: this torch has no MemPool/register_mem_pool", flush=True)
+        os._exit(0)
+    pool = torch.cuda.MemPool(backend.mem_allocator)
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.full((n,), float(rank + 1), device=dev)
+    backend.register_mem_pool(pool)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    ok = torch.equal(t.cpu(), torch.full((n,), float(sum(r + 1 for r in range(world)))))
+    if hasattr(backend, "deregister_mem_pool"):
+        backend.deregister_mem_pool(pool)
+    del t
+    del pool
+    dist.destroy_process_group()
+    print(f"REGISTER-CHILD: mem pool (ncclMemAlloc) registered: all_reduce {'ok' if ok else 'WRONG'}", flush=True)
+    os._exit(0 if ok else 1)
 
 
 def register_check():
     """Registration hooks (see the header): one line, PASS/FAIL (SKIP parts named)."""
-    out = child_job("register", 2, {"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "1"}, timeout=120)
-    ok = all(rc == 0 for rc, _ in out)
-    lines = [l for l in out[0][1].splitlines() if l.startswith("REGISTER-CHILD")]
-    if ok:
-        return True, "PASS: " + " | ".join(lines)
-    tails = "\n".join(f"--- rank {r} exit {rc} ---\n" + "\n".join(o.splitlines()[-12:]) for r, (rc, o) in enumerate(out))
-    return False, "FAIL:\n" + tails
+    lines, ok = [], True
+    for mode, env in (("register-hook", {"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "1"}),
+                      ("register-pool", {})):
+        out = child_job(mode, 2, env, timeout=120)
+        lines += [l for l in out[0][1].splitlines() if l.startswith("REGISTER-CHILD")]
+        if not all(rc == 0 for rc, _ in out):
+            ok = False
+            lines += [f"--- {mode} rank {r} exit {rc} ---\n" + "\n".join(o.splitlines()[-12:])
+                      for r, (rc, o) in enumerate(out)]
+    return ok, ("PASS: " if ok else "FAIL: ") + " | ".join(lines)
 
 
 def child_main(args):
     rank, world = args.child_rank, args.child_world
     if args.child == "watchdog":
         watchdog_child(rank, world)
-    elif args.child == "register":
-        register_child(rank, world)
+    elif args.child == "register-hook":
+        register_hook_child(rank, world)
+    elif args.child == "register-pool":
+        register_pool_child(rank, world)
     sys.exit(f"unknown child mode {args.child}")
 
 
