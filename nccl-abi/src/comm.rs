@@ -292,3 +292,64 @@ impl Handle {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err<T>(r: Result<T>) -> Fail {
+        match r {
+            Err(f) => f,
+            Ok(_) => panic!("expected a failure"),
+        }
+    }
+
+    /// A handle whose initialisation failed: the states that need no GPU.
+    fn failed() -> *mut ncclComm {
+        Handle::leak(State::Failed(Fail::new(NCCL_SYSTEM_ERROR, "no peer")), true)
+    }
+
+    #[test]
+    fn destroy_twice_is_an_invalid_argument_and_abort_after_it_succeeds() {
+        let h = Handle::from_ptr(failed()).unwrap();
+        assert_eq!(err(h.member()).code, NCCL_SYSTEM_ERROR);
+        h.destroy().unwrap();
+        assert_eq!(h.destroy().unwrap_err().code, NCCL_INVALID_ARGUMENT);
+        assert!(h.abort().is_ok());
+        assert!(h.abort().is_ok());
+        assert_eq!(err(h.member()).code, NCCL_INVALID_USAGE);
+        assert_eq!(h.async_error().unwrap_err().code, NCCL_INVALID_USAGE);
+    }
+
+    #[test]
+    fn abort_destroys() {
+        let h = Handle::from_ptr(failed()).unwrap();
+        h.abort().unwrap();
+        assert_eq!(h.destroy().unwrap_err().code, NCCL_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn a_failed_initialisation_is_the_async_error() {
+        let h = Handle::from_ptr(failed()).unwrap();
+        assert_eq!(h.async_error(), Ok(NCCL_SYSTEM_ERROR));
+        assert_eq!(h.finalize().unwrap_err().code, NCCL_SYSTEM_ERROR);
+    }
+
+    #[test]
+    fn a_non_blocking_handle_used_while_initialising_is_an_invalid_argument() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let init = std::thread::spawn(move || -> Result<Member> {
+            let _ = rx.recv();
+            Err(Fail::usage("stopped"))
+        });
+        let h = Handle::from_ptr(Handle::initializing(init, false)).unwrap();
+        assert_eq!(h.async_error(), Ok(NCCL_IN_PROGRESS));
+        let e = err(h.member());
+        assert_eq!(e.code, NCCL_INVALID_ARGUMENT);
+        assert!(e.message.contains("still initialising"), "{}", e.message);
+        tx.send(()).unwrap();
+        h.wait_init().unwrap_err();
+        assert_eq!(h.async_error(), Ok(NCCL_INVALID_USAGE));
+        h.destroy().unwrap();
+    }
+}
