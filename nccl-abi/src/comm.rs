@@ -256,10 +256,18 @@ impl Handle {
     /// holds (`ringccl::Communicator::abort`: device waits released, bounded), then destroys
     /// this rank's share. Aborting a handle destroyed or aborted already succeeds and does
     /// nothing (NCCL would read freed memory there; a watchdog that aborts twice must not fail).
+    /// A non-blocking initialisation still running is not waited for: the handle is destroyed
+    /// at once and the initialisation's thread left to end on its own (its communicator, if it
+    /// ever forms, is freed when the thread ends).
     pub fn abort(&self) -> Result<()> {
         let world = {
             let mut st = self.lock();
-            Self::settle(&mut st, true);
+            Self::settle(&mut st, self.blocking);
+            if matches!(*st, State::Initializing(_)) {
+                // Dropping the JoinHandle detaches the thread; its `Member` is dropped with it.
+                *st = State::Destroyed;
+                return Ok(());
+            }
             match &*st {
                 State::Ready(m) | State::Finalized(m) => Some(m.world.clone()),
                 State::Destroyed => return Ok(()),
@@ -351,5 +359,18 @@ mod tests {
         h.wait_init().unwrap_err();
         assert_eq!(h.async_error(), Ok(NCCL_INVALID_USAGE));
         h.destroy().unwrap();
+    }
+
+    #[test]
+    fn aborting_a_non_blocking_initialisation_does_not_wait_for_it() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let init = std::thread::spawn(move || -> Result<Member> {
+            let _ = rx.recv();
+            Err(Fail::usage("stopped"))
+        });
+        let h = Handle::from_ptr(Handle::initializing(init, false)).unwrap();
+        h.abort().unwrap();
+        assert_eq!(err(h.member()).code, NCCL_INVALID_USAGE);
+        drop(tx);
     }
 }
