@@ -67,8 +67,8 @@ step mp 60 mp mp NCCL_DEBUG=VERSION
 step perf-ringccl 60 mp perf
 [ -n "$SYS_NCCL" ] && step perf-nccl 60 mp perf LD_LIBRARY_PATH="$SYS_NCCL"
 TC=$HERE/scripts/torch_check.py
-step torch-ringccl 90 env LD_PRELOAD="$LIB" torchrun --nproc-per-node "$NPROC" --master-port 29611 "$TC" --out "$OUT/torch/ringccl"
-step torch-nccl 70 torchrun --nproc-per-node "$NPROC" --master-port 29621 "$TC" --out "$OUT/torch/nccl"
+step torch-ringccl 300 env LD_PRELOAD="$LIB" torchrun --nproc-per-node "$NPROC" --master-port 29611 "$TC" --out "$OUT/torch/ringccl"
+step torch-nccl 300 torchrun --nproc-per-node "$NPROC" --master-port 29621 "$TC" --out "$OUT/torch/nccl"
 step compare 30 python3 "$HERE/scripts/torch_compare.py" "$OUT/torch/nccl" "$OUT/torch/ringccl"
 echo
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -1,20 +1,46 @@
 """torch.distributed through whichever libnccl.so.2 is loaded: results, a DDP run, timings.
 
 Run once with NCCL and once with ringccl's library preloaded, then compare:
+    cargo build --release -p nccl-abi          # target/release/libringccl_nccl.so (libnccl.so.2)
     torchrun --nproc-per-node 2 torch_check.py --out DIR/nccl
-    LD_PRELOAD=.../libringccl_nccl.so torchrun --nproc-per-node 2 torch_check.py --out DIR/ringccl
+    LD_PRELOAD=$PWD/target/release/libringccl_nccl.so \
+        torchrun --nproc-per-node 2 torch_check.py --out DIR/ringccl
     python3 torch_compare.py DIR/nccl DIR/ringccl
+(nccl-abi/scripts/gpu-check.sh runs all three.) Two processes may share one GPU (under MPS).
 
 Each rank writes DIR/rank<r>.pt (every result tensor, the DDP losses, the timings) and prints
 a summary. Every result is also checked against a CPU reference here; the compare script
 checks that both libraries gave the same tensors.
+
+Besides the collectives and DDP, and each in a function of its own:
+* PreMulSum (`dist._make_nccl_premul_sum`, what FSDP2 uses for a custom gradient divide
+  factor): all_reduce and reduce_scatter_tensor with a float factor (NCCL's
+  ncclScalarHostImmediate) and with a tensor factor (ncclScalarDevice), exact expected values.
+  A library that refuses PreMulSum makes these FAIL with the DistBackendError it raised; a
+  wrong value FAILs too; never a silent pass.
+* the watchdog path, in a job of its own (two child processes of rank 0, same environment,
+  LD_PRELOAD included): a process group with a 10 s timeout, TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+  (the watchdog aborts the communicators) and TORCH_NCCL_BLOCKING_WAIT=1; rank 1 skips an
+  all_reduce. PASS when rank 0 ends with PyTorch's own timeout error (and destroys its group
+  after it); FAIL on std::terminate / SIGABRT, or on an error of the library's
+  ncclCommAbort/ncclCommDestroy in its output.
+* registration, in a job of its own: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 (every
+  allocator segment registered with ncclCommRegister, deregistered when freed), and a
+  torch.cuda.MemPool on the process group's NCCL allocator (ncclMemAlloc) registered with
+  register_mem_pool; exact all_reduce results in both. SKIP (reported) where this torch lacks
+  the API.
+Their lines start with `[rank 0] premul`, `[rank 0] watchdog`, `[rank 0] register`.
 """
 
 import argparse
 import ctypes
+import datetime
 import json
 import os
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -127,11 +153,243 @@ def timing(dev, world):
     return rows
 
 
+def premul_sum(rank, world, dev, results, failures):
+    """all_reduce / reduce_scatter_tensor with PreMulSum (host and device factors); exact values.
+
+    Returns one line per case: "ok", or why it failed (the exception, or the max error)."""
+    lines = []
+    n = 1000
+    every = [inputs(r, n * world, torch.float32, "cpu").to(torch.float64) for r in range(world)]
+    cases = [
+        ("all_reduce/host-0.5", 0.5, False),
+        ("all_reduce/device-0.25", 0.25, True),
+        ("reduce_scatter_tensor/host-0.5", 0.5, False),
+    ]
+    for name, factor, on_device in cases:
+        key = f"premul_sum/{name}"
+        try:
+            f = torch.tensor(factor, dtype=torch.float32, device=dev) if on_device else factor
+            op = dist._make_nccl_premul_sum(f)
+            if name.startswith("all_reduce"):
+                t = inputs(rank, n, torch.float32, dev)
+                dist.all_reduce(t, op=op)
+                want = factor * torch.stack([e[:n] for e in every]).sum(0)
+            else:
+                t = torch.empty(n, dtype=torch.float32, device=dev)
+                dist.reduce_scatter_tensor(t, inputs(rank, n * world, torch.float32, dev), op=op)
+                want = factor * torch.stack(every).sum(0)[rank * n:(rank + 1) * n]
+            torch.cuda.synchronize()
+            before = len(failures)
+            # The factors are powers of two and the inputs small integers: exact in float32.
+            check(key, t, want, results, failures, 0)
+            lines.append(f"{name}: ok" if len(failures) == before else f"{name}: FAIL {failures[-1]}")
+        except Exception as e:  # noqa: BLE001 - a refusal is a failure, reported, never a pass
+            msg = f"{key}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            failures.append(msg)
+            lines.append(f"{name}: FAIL {msg}")
+    return lines
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_job(mode, nproc, env_extra, timeout):
+    """Runs `nproc` processes of this script in child mode `mode` (their own process group,
+    their own port, this process's environment plus `env_extra`); returns [(rc, output)]."""
+    port = free_port()
+    procs = []
+    for r in range(nproc):
+        # torchrun's variables (its agent store above all) stay out: the child job has its own
+        # rendezvous on its own port.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_")) and k not in (
+                   "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT",
+                   "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK")}
+        env.update(env_extra)
+        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", "-", "--child", mode,
+               "--child-rank", str(r), "--child-world", str(nproc)]
+        # Output to files, not pipes: a child never blocks on a full pipe while another is read.
+        log = tempfile.TemporaryFile(mode="w+")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), log))
+    out = []
+    deadline = time.time() + timeout
+    for p, log in procs:
+        try:
+            p.wait(timeout=max(1, deadline - time.time()))
+            note = ""
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            note = "\n[killed: the child ran past its time limit]"
+        log.seek(0)
+        rc = p.returncode if not note else None
+        out.append((rc, log.read() + note))
+        log.close()
+    return out
+
+
+def child_init(rank, world, timeout_s=None):
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev, **kw)
+    return dev
+
+
+def watchdog_child(rank, world):
+    """Rank 1 skips the second all_reduce; rank 0's times out after 10 s. Exits 0 after
+    PyTorch's timeout error (and destroy_process_group) on rank 0."""
+    dev = child_init(rank, world, timeout_s=10)
+    t = torch.ones(1024, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    if rank != 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        torch.cuda.synchronize()
+        print("WATCHDOG-CHILD: no timeout error", flush=True)
+        os._exit(3)
+    except Exception as e:  # noqa: BLE001 - the expected timeout
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        print(f"WATCHDOG-CHILD: timeout error: {type(e).__name__}: {first}", flush=True)
+    try:
+        dist.destroy_process_group()
+        print("WATCHDOG-CHILD: destroy_process_group ok", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"WATCHDOG-CHILD: destroy_process_group: {type(e).__name__}: {e}", flush=True)
+    os._exit(0)
+
+
+def watchdog_check():
+    """The watchdog path (see the header): one line, PASS or FAIL with why."""
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    (rc0, out0), (_, out1) = child_job("watchdog", 2, env, timeout=120)
+    lib_errors = [l for l in out0.splitlines()
+                  if "ringccl: ncclCommAbort" in l or "ringccl: ncclCommDestroy" in l
+                  or "ringccl: ncclCommFinalize" in l]
+    terminated = ("terminate called" in out0 or rc0 == -6 or "watchdog thread terminated with exception" in out0)
+    timed_out = "WATCHDOG-CHILD: timeout error" in out0
+    if rc0 == 0 and timed_out and not lib_errors and not terminated:
+        detail = [l for l in out0.splitlines() if l.startswith("WATCHDOG-CHILD")]
+        return True, "PASS: " + " | ".join(detail)
+    tail = "\n".join(out0.splitlines()[-15:])
+    why = (f"exit {rc0}; PyTorch timeout error seen: {timed_out}; terminate/SIGABRT: {terminated}; "
+           f"library abort/destroy errors: {lib_errors[:3]}")
+    return False, f"FAIL: {why}\n--- rank 0 output (tail) ---\n{tail}\n--- rank 1 (tail) ---\n" + \
+        "\n".join(out1.splitlines()[-5:])
+
+
+def register_hook_child(rank, world):
+    """TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 (set by the parent): every allocator
+    segment is registered with ncclCommRegister, and deregistered when freed."""
+    dev = child_init(rank, world)
+    bad = 0
+    n = 1 << 18
+    for i in range(3):
+        t = torch.full((n,), float(rank + 1 + i), device=dev)
+        dist.all_reduce(t)
+        want = sum(r + 1 + i for r in range(world))
+        if not torch.equal(t.cpu(), torch.full((n,), float(want))):
+            bad += 1
+        del t
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # frees the segments: the hook deregisters them
+    dist.destroy_process_group()
+    print(f"REGISTER-CHILD: allocator hook: 3 all_reduce, {bad} wrong", flush=True)
+    os._exit(1 if bad else 0)
+
+
+def register_pool_child(rank, world):
+    """A torch.cuda.MemPool on the process group's NCCL allocator (ncclMemAlloc), registered
+    with register_mem_pool; exits 0 (with a SKIP line) where this torch lacks the API."""
+    dev = child_init(rank, world)
+    n = 1 << 18
+    try:
+        backend = dist.group.WORLD._get_backend(dev)
+    except Exception as e:  # noqa: BLE001
+        print(f"REGISTER-CHILD: SKIP mem pool: no backend object ({e})", flush=True)
+        os._exit(0)
+    if not (hasattr(backend, "mem_allocator") and hasattr(backend, "register_mem_pool")
+            and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        print("REGISTER-CHILD: SKIP mem pool: this torch has no MemPool/register_mem_pool", flush=True)
+        os._exit(0)
+    pool = torch.cuda.MemPool(backend.mem_allocator)
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.full((n,), float(rank + 1), device=dev)
+    backend.register_mem_pool(pool)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    ok = torch.equal(t.cpu(), torch.full((n,), float(sum(r + 1 for r in range(world)))))
+    if hasattr(backend, "deregister_mem_pool"):
+        backend.deregister_mem_pool(pool)
+    del t
+    del pool
+    dist.destroy_process_group()
+    print(f"REGISTER-CHILD: mem pool (ncclMemAlloc) registered: all_reduce {'ok' if ok else 'WRONG'}", flush=True)
+    os._exit(0 if ok else 1)
+
+
+def register_check():
+    """Registration hooks (see the header): one line, PASS/FAIL (SKIP parts named)."""
+    lines, ok = [], True
+    for mode, env in (("register-hook", {"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "1"}),
+                      ("register-pool", {})):
+        out = child_job(mode, 2, env, timeout=120)
+        lines += [l for l in out[0][1].splitlines() if l.startswith("REGISTER-CHILD")]
+        if not all(rc == 0 for rc, _ in out):
+            ok = False
+            lines += [f"--- {mode} rank {r} exit {rc} ---\n" + "\n".join(o.splitlines()[-12:])
+                      for r, (rc, o) in enumerate(out)]
+    return ok, ("PASS: " if ok else "FAIL: ") + " | ".join(lines)
+
+
+def child_main(args):
+    rank, world = args.child_rank, args.child_world
+    if args.child == "watchdog":
+        watchdog_child(rank, world)
+    elif args.child == "register-hook":
+        register_hook_child(rank, world)
+    elif args.child == "register-pool":
+        register_pool_child(rank, world)
+    sys.exit(f"unknown child mode {args.child}")
+
+
+def child_checks(rank, failures):
+    """Rank 0 runs the watchdog and registration jobs (their own processes); the others wait."""
+    lines = []
+    if rank == 0:
+        for name, f in (("watchdog", watchdog_check), ("register", register_check)):
+            try:
+                ok, line = f()
+            except Exception as e:  # noqa: BLE001
+                ok, line = False, f"FAIL: {type(e).__name__}: {e}"
+            lines.append(f"{name}: {line}")
+            if not ok:
+                failures.append(f"{name}: {line.splitlines()[0]}")
+    dist.barrier()
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-children", action="store_true", help="no watchdog/registration jobs")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-world", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        child_main(args)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -172,11 +430,19 @@ def main():
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - recorded, reported
         p2p = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    # PreMulSum and the child jobs last: a library that refuses them must not take the rest down.
+    premul = premul_sum(rank, world, dev, results, failures)
+    children = [] if args.skip_children else child_checks(rank, failures)
     torch.save({"lib": lib, "results": results, "failures": failures, "losses": losses, "params": params,
-                "timing": rows, "p2p": p2p, "a2a": a2a}, os.path.join(args.out, f"rank{rank}.pt"))
+                "timing": rows, "p2p": p2p, "a2a": a2a, "premul": premul, "children": children},
+               os.path.join(args.out, f"rank{rank}.pt"))
     print(f"[rank {rank}] {lib}: {len(results)} results checked, {len(failures)} failed "
           f"({t1 - t0:.1f} s); DDP 50 steps loss {losses[0]:.4f} -> {losses[-1]:.4f} ({t2 - t1:.1f} s); "
           f"timing {t3 - t2:.1f} s; all_to_all: {a2a}; send/recv: {p2p}", flush=True)
+    for line in premul:
+        print(f"[rank {rank}] premul {line}", flush=True)
+    for line in children:
+        print(f"[rank {rank}] {line}", flush=True)
     for f in failures[:20]:
         print(f"[rank {rank}] FAIL {f}", flush=True)
     if rank == 0 and rows:

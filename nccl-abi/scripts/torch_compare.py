@@ -38,6 +38,9 @@ def main():
               f"parameters max |difference| {dp:.3g}; all_to_all: {a.get('a2a')} | {b.get('a2a')}; send/recv: {a['p2p']} | {b['p2p']}")
         for d in differ:
             print(f"  differs: {d}")
+        for k in ("premul", "children"):
+            for la_, lb_ in zip(a.get(k) or [], b.get(k) or []):
+                print(f"  {k}: {la_.splitlines()[0]} | {lb_.splitlines()[0]}")
         # Bit-identical or within float tolerance (bf16/f16 avg may round differently).
         bad += sum(1 for d in differ if "missing" in d or float(d.rsplit(" ", 1)[1]) > 1e-2)
         bad += dl > 1e-3

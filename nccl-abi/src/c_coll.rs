@@ -9,7 +9,7 @@ use crate::comm::Handle;
 use crate::cuda::KeepContext;
 use crate::error::{guard, Fail, Result};
 use crate::types::*;
-use crate::{coll, group, types};
+use crate::{coll, group, ops, types};
 use crate::{cudaStream_t, index, ncclComm_t};
 
 // ---------------------------------------------------------------------------------------------
@@ -32,7 +32,8 @@ pub extern "C" fn ncclGroupStart() -> ncclResult_t {
 }
 
 /// `ncclGroupEnd`: at the outermost level, waits for the blocking initialisations started in
-/// the group, then issues the group's calls.
+/// the group, then issues the group's calls; if a call inside the group failed, nothing of
+/// the group is issued and that first error is returned, as in NCCL.
 ///
 /// ```
 /// use ringccl_nccl::*;
@@ -42,55 +43,100 @@ pub extern "C" fn ncclGroupStart() -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclGroupEnd", group::end)
+    guard("ncclGroupEnd", coll::group_end)
 }
 
-/// `ncclGroupSimulateEnd`: not supported (`ncclInvalidUsage`; the group stays open).
+/// `ncclGroupSimulateEnd`: with NULL, [`ncclGroupEnd`] (as NCCL). Otherwise the group ends as
+/// NCCL's simulation ends it (the thread leaves the group; none of the group's calls is
+/// issued), but ringccl has no cost model to fill in `estimatedTime`: the outermost call
+/// returns `ncclInvalidUsage` (`ncclInvalidArgument` for a `simInfo` without
+/// `NCCL_SIM_INFO_INITIALIZER`'s magic). An inner level returns `ncclSuccess`, as in NCCL.
 ///
 /// # Safety
 ///
-/// `sim_info` is not read.
+/// `sim_info` is NULL or points to an `ncclSimInfo_t` (at least its `size` field, and as many
+/// bytes as it says, up to the struct's size).
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// // SAFETY: nothing is read.
-/// assert_eq!(unsafe { ncclGroupSimulateEnd(null_mut()) }, 5);
+/// let mut sim = types::ncclSimInfo_t { size: 24, magic: 0x74685283, version: 22809, estimated_time: -1.0 };
+/// assert_eq!(ncclGroupStart(), 0);
+/// // SAFETY: a valid ncclSimInfo_t.
+/// assert_eq!(unsafe { ncclGroupSimulateEnd(&mut sim) }, 5); // no cost model
+/// assert_eq!(ncclGroupEnd(), 5); // the group did end: no group is open
 /// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
-    let _ = sim_info;
+    let _keep = KeepContext::new();
     guard("ncclGroupSimulateEnd", || {
-        Err(Fail::unsupported(
-            "ncclGroupSimulateEnd",
-            "ringccl has no cost model to report; end the group with ncclGroupEnd",
-        ))
+        if sim_info.is_null() {
+            return coll::group_end();
+        }
+        // SAFETY: the caller's contract: `size` comes first; `magic` is read only when the
+        // caller's struct holds it.
+        let valid = unsafe {
+            let size = std::ptr::addr_of!((*sim_info).size).read_unaligned();
+            size >= std::mem::offset_of!(ncclSimInfo_t, version)
+                && std::ptr::addr_of!((*sim_info).magic).read_unaligned() == 0x7468_5283
+        };
+        coll::group_simulate_end(valid)
     })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Collectives and point-to-point.
 
-/// Checks one rank's collective call and queues it.
-#[allow(clippy::too_many_arguments)]
-fn collective(
+/// One rank's collective call, as C passed it.
+struct Args {
     kind: Kind,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
     datatype: ncclDataType_t,
+    /// The operator (ignored by the collectives that do not reduce).
     op: ncclRedOp_t,
+    /// The root (ignored by the collectives without one).
     root: c_int,
     comm: ncclComm_t,
     stream: cudaStream_t,
-) -> Result<()> {
-    let m = Handle::from_ptr(comm)?.member()?;
+}
+
+/// The body of every collective entry point: checks the call and queues it, inside [`guard`];
+/// a failure inside a group also fails the group (NCCL's `ncclGroupErrCheck`).
+fn run(function: &str, a: Args) -> ncclResult_t {
+    let _keep = KeepContext::new();
+    guard(function, || collective(a).map_err(group::note_error))
+}
+
+/// Checks one rank's collective call and queues it.
+fn collective(a: Args) -> Result<()> {
+    let Args {
+        kind,
+        send,
+        recv,
+        count,
+        datatype,
+        op,
+        root,
+        comm,
+        stream,
+    } = a;
+    let h = Handle::from_ptr(comm)?;
+    let m = h.member()?;
     let dtype = types::data_type(datatype).map_err(Fail::arg)?;
     let reduces = matches!(kind, Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter);
-    let op = if reduces {
-        types::red_op(op).map_err(Fail::arg)?
+    let (op, premul) = if reduces {
+        // Built-ins, or an operator created on this communicator for this datatype; anything
+        // else is refused here, before anything is queued.
+        let resolved = h.ops().resolve(op, datatype)?;
+        let premul = ops::premul_for(&resolved)?;
+        match resolved {
+            ops::Resolved::Builtin(r) => (r, premul),
+            ops::Resolved::PreMul(_) => (ringccl::RedOp::Sum, premul),
+        }
     } else {
-        ringccl::RedOp::Sum
+        (ringccl::RedOp::Sum, None)
     };
     let n = m.world.comm.nranks();
     let root = if kind.rooted() {
@@ -119,6 +165,7 @@ fn collective(
         count,
         dtype,
         op,
+        premul,
         root,
         send: send as u64,
         recv: recv as u64,
@@ -159,20 +206,20 @@ pub unsafe extern "C" fn ncclAllReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclAllReduce", || {
-        collective(
-            Kind::AllReduce,
-            sendbuff,
-            recvbuff,
+    run(
+        "ncclAllReduce",
+        Args {
+            kind: Kind::AllReduce,
+            send: sendbuff,
+            recv: recvbuff,
             count,
             datatype,
             op,
-            0,
+            root: 0,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclBroadcast`.
@@ -205,20 +252,20 @@ pub unsafe extern "C" fn ncclBroadcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclBroadcast", || {
-        collective(
-            Kind::Broadcast,
-            sendbuff,
-            recvbuff,
+    run(
+        "ncclBroadcast",
+        Args {
+            kind: Kind::Broadcast,
+            send: sendbuff,
+            recv: recvbuff,
             count,
             datatype,
-            0,
+            op: 0,
             root,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclBcast`: [`ncclBroadcast`] in place.
@@ -250,20 +297,20 @@ pub unsafe extern "C" fn ncclBcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclBcast", || {
-        collective(
-            Kind::Broadcast,
-            buff,
-            buff,
+    run(
+        "ncclBcast",
+        Args {
+            kind: Kind::Broadcast,
+            send: buff,
+            recv: buff,
             count,
             datatype,
-            0,
+            op: 0,
             root,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclReduce`.
@@ -297,20 +344,20 @@ pub unsafe extern "C" fn ncclReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclReduce", || {
-        collective(
-            Kind::Reduce,
-            sendbuff,
-            recvbuff,
+    run(
+        "ncclReduce",
+        Args {
+            kind: Kind::Reduce,
+            send: sendbuff,
+            recv: recvbuff,
             count,
             datatype,
             op,
             root,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclAllGather`: `recvbuff` holds `nranks * sendcount` elements; in place when
@@ -343,20 +390,20 @@ pub unsafe extern "C" fn ncclAllGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclAllGather", || {
-        collective(
-            Kind::AllGather,
-            sendbuff,
-            recvbuff,
-            sendcount,
+    run(
+        "ncclAllGather",
+        Args {
+            kind: Kind::AllGather,
+            send: sendbuff,
+            recv: recvbuff,
+            count: sendcount,
             datatype,
-            0,
-            0,
+            op: 0,
+            root: 0,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclReduceScatter`: `sendbuff` holds `nranks * recvcount` elements; in place when
@@ -390,20 +437,20 @@ pub unsafe extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclReduceScatter", || {
-        collective(
-            Kind::ReduceScatter,
-            sendbuff,
-            recvbuff,
-            recvcount,
+    run(
+        "ncclReduceScatter",
+        Args {
+            kind: Kind::ReduceScatter,
+            send: sendbuff,
+            recv: recvbuff,
+            count: recvcount,
             datatype,
             op,
-            0,
+            root: 0,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclAlltoAll`: both buffers hold `nranks * count` elements.
@@ -437,20 +484,20 @@ pub unsafe extern "C" fn ncclAlltoAll(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclAlltoAll", || {
-        collective(
-            Kind::AllToAll,
-            sendbuff,
-            recvbuff,
+    run(
+        "ncclAlltoAll",
+        Args {
+            kind: Kind::AllToAll,
+            send: sendbuff,
+            recv: recvbuff,
             count,
             datatype,
-            0,
-            0,
+            op: 0,
+            root: 0,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclGather`: the root's `recvbuff` holds `nranks * count` elements.
@@ -483,20 +530,20 @@ pub unsafe extern "C" fn ncclGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclGather", || {
-        collective(
-            Kind::Gather,
-            sendbuff,
-            recvbuff,
+    run(
+        "ncclGather",
+        Args {
+            kind: Kind::Gather,
+            send: sendbuff,
+            recv: recvbuff,
             count,
             datatype,
-            0,
+            op: 0,
             root,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// `ncclScatter`: the root's `sendbuff` holds `nranks * count` elements.
@@ -529,20 +576,20 @@ pub unsafe extern "C" fn ncclScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclScatter", || {
-        collective(
-            Kind::Scatter,
-            sendbuff,
-            recvbuff,
+    run(
+        "ncclScatter",
+        Args {
+            kind: Kind::Scatter,
+            send: sendbuff,
+            recv: recvbuff,
             count,
             datatype,
-            0,
+            op: 0,
             root,
             comm,
             stream,
-        )
-    })
+        },
+    )
 }
 
 /// Checks one rank's send or receive and queues it.
@@ -613,6 +660,7 @@ pub unsafe extern "C" fn ncclSend(
     let _keep = KeepContext::new();
     guard("ncclSend", || {
         point_to_point(true, sendbuff, count, datatype, peer, comm, stream)
+            .map_err(group::note_error)
     })
 }
 
@@ -641,5 +689,6 @@ pub unsafe extern "C" fn ncclRecv(
     let _keep = KeepContext::new();
     guard("ncclRecv", || {
         point_to_point(false, recvbuff, count, datatype, peer, comm, stream)
+            .map_err(group::note_error)
     })
 }

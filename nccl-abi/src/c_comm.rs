@@ -12,7 +12,7 @@ use crate::cuda::KeepContext;
 use crate::error::{guard, Fail, Result};
 use crate::types::*;
 use crate::{blocking, index, ncclComm_t, ncclWindow_t, put};
-use crate::{cuda, debug, group};
+use crate::{cuda, debug, group, ops, regs};
 
 /// The shared part of `ncclCommInitRank*`.
 ///
@@ -20,6 +20,22 @@ use crate::{cuda, debug, group};
 ///
 /// `out` NULL or valid to write; `config` as for [`blocking`].
 unsafe fn init_rank(
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: &ncclUniqueId,
+    rank: c_int,
+    config: *const ncclConfig_t,
+) -> Result<()> {
+    // SAFETY: the caller's contract. A failure inside a group fails the group, as in NCCL.
+    unsafe { init_rank_inner(out, nranks, id, rank, config) }.map_err(group::note_error)
+}
+
+/// [`init_rank`]'s body.
+///
+/// # Safety
+///
+/// As [`init_rank`].
+unsafe fn init_rank_inner(
     out: *mut ncclComm_t,
     nranks: c_int,
     id: &ncclUniqueId,
@@ -316,7 +332,8 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclR
 }
 
 /// `ncclCommFinalize`: waits for the communicator's work; afterwards only queries and
-/// `ncclCommDestroy` are allowed.
+/// `ncclCommDestroy` are allowed. NULL is `ncclSuccess` and a second finalize
+/// `ncclInvalidArgument`, as in NCCL (`src/init.cc`).
 ///
 /// ```no_run
 /// use ringccl_nccl::*;
@@ -335,36 +352,54 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclR
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclCommFinalize", || Handle::from_ptr(comm)?.finalize())
+    guard("ncclCommFinalize", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        Handle::from_ptr(comm)?.finalize()
+    })
 }
 
 /// `ncclCommDestroy`: releases this rank (the communicator is freed with its last rank, after
-/// its last work ends). A later use of the handle is `ncclInvalidUsage`.
+/// its last work ends). A later use of the handle is `ncclInvalidUsage`, a second destroy
+/// `ncclInvalidArgument` (NCCL's "already destroyed"); NULL is `ncclSuccess`, as in NCCL
+/// (`src/init.cc`).
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// assert_eq!(ncclCommDestroy(null_mut()), 4); // ncclInvalidArgument: NULL
+/// assert_eq!(ncclCommDestroy(null_mut()), 0); // ncclSuccess: nothing to destroy
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclCommDestroy", || Handle::from_ptr(comm)?.destroy())
+    guard("ncclCommDestroy", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        Handle::from_ptr(comm)?.destroy()
+    })
 }
 
 /// `ncclCommAbort`: cancels the communicator's pending and future work (ringccl's
 /// `Communicator::abort`: device waits released, bounded by the timeout), then as
-/// [`ncclCommDestroy`].
+/// [`ncclCommDestroy`]. NULL is `ncclSuccess`, as in NCCL (PyTorch's watchdog aborts with
+/// NULL); so is a handle aborted or destroyed already.
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// assert_eq!(ncclCommAbort(null_mut()), 4);
+/// assert_eq!(ncclCommAbort(null_mut()), 0);
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclCommAbort", || Handle::from_ptr(comm)?.abort())
+    guard("ncclCommAbort", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        Handle::from_ptr(comm)?.abort()
+    })
 }
 
 /// `ncclCommGetAsyncError`: `ncclInProgress` while a non-blocking initialisation runs, its
@@ -497,8 +532,10 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
     })
 }
 
-/// `ncclCommRegister`: accepted as a hint with no effect (ringccl moves data through its own
-/// exported buffers); the handle it returns is the buffer's address.
+/// `ncclCommRegister`: accepted and tracked, with no effect on how data moves (ringccl stages
+/// through its own buffers): `*handle` is an opaque non-NULL token for
+/// [`ncclCommDeregister`]; the same range registered again gives the same handle with one
+/// more reference, as NCCL's registration cache does.
 ///
 /// # Safety
 ///
@@ -517,6 +554,7 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
 ///     let mut handle = null_mut();
 ///     assert_eq!(ncclCommRegister(comm, buf, 4096, &mut handle), 0);
 ///     assert_eq!(ncclCommDeregister(comm, handle), 0);
+///     assert_eq!(ncclCommDeregister(comm, handle), 5); // twice: ncclInvalidUsage
 ///     assert_eq!(ncclCommDestroy(comm), 0);
 /// }
 /// ```
@@ -527,48 +565,58 @@ pub unsafe extern "C" fn ncclCommRegister(
     size: usize,
     handle: *mut *mut c_void,
 ) -> ncclResult_t {
-    let _ = size;
     guard("ncclCommRegister", || {
-        Handle::from_ptr(comm)?.member()?;
+        let h = Handle::from_ptr(comm)?;
+        h.member()?;
+        if handle.is_null() {
+            return Err(Fail::arg("handle is NULL"));
+        }
         if buff.is_null() {
             return Err(Fail::arg("buff is NULL"));
         }
-        // SAFETY: the caller's contract.
-        unsafe { put(handle, "handle", buff) }
+        let token = h.regs().register(regs::Kind::Buffer, buff as u64, size);
+        // SAFETY: checked non-null; the caller's contract.
+        unsafe { put(handle, "handle", token as *mut c_void) }
     })
 }
 
-/// `ncclCommDeregister`: the end of [`ncclCommRegister`]'s hint.
+/// `ncclCommDeregister`: releases one reference of a handle from [`ncclCommRegister`]. NULL
+/// is `ncclSuccess` (nothing registered), a handle this communicator did not hand out, or one
+/// released already, `ncclInvalidUsage`, as in NCCL (`src/register/register.cc`).
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// assert_eq!(ncclCommDeregister(null_mut(), null_mut()), 4);
+/// assert_eq!(ncclCommDeregister(null_mut(), null_mut()), 4); // no communicator
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
     guard("ncclCommDeregister", || {
-        Handle::from_ptr(comm)?.query()?;
+        let h = Handle::from_ptr(comm)?;
+        h.query()?;
         if handle.is_null() {
-            return Err(Fail::arg("handle is NULL"));
+            return Ok(());
         }
-        Ok(())
+        h.regs().deregister(regs::Kind::Buffer, handle as usize)
     })
 }
 
-/// `ncclCommWindowRegister`: not supported (`ncclInvalidUsage`): ringccl has no symmetric
-/// windows.
+/// `ncclCommWindowRegister` (NCCL 2.27+): accepted and tracked like [`ncclCommRegister`]
+/// (ringccl has no symmetric kernels: every collective works on any buffer, a window changes
+/// nothing in how data moves); `*win` is an opaque non-NULL token for
+/// [`ncclCommWindowDeregister`]. NULL `buff` or `size == 0` is `ncclSuccess` with `*win`
+/// untouched, as in NCCL (`src/dev_runtime.cc`).
 ///
 /// # Safety
 ///
-/// None of the pointers is read.
+/// `win` is NULL or valid to write.
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
 /// let mut win = null_mut();
-/// // SAFETY: nothing is read.
-/// assert_eq!(unsafe { ncclCommWindowRegister(null_mut(), null_mut(), 0, &mut win, 0) }, 5);
+/// // SAFETY: a NULL communicator is refused before anything is written.
+/// assert_eq!(unsafe { ncclCommWindowRegister(null_mut(), null_mut(), 0, &mut win, 0) }, 4);
 /// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommWindowRegister(
@@ -578,30 +626,40 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     win: *mut ncclWindow_t,
     win_flags: c_int,
 ) -> ncclResult_t {
-    let _ = (comm, buff, size, win, win_flags);
+    let _ = win_flags;
     guard("ncclCommWindowRegister", || {
-        Err(Fail::unsupported(
-            "ncclCommWindowRegister",
-            "ringccl has no symmetric memory windows; plain buffers work with every collective",
-        ))
+        let h = Handle::from_ptr(comm)?;
+        if buff.is_null() || size == 0 {
+            return Ok(());
+        }
+        h.member()?;
+        if win.is_null() {
+            return Err(Fail::arg("win is NULL"));
+        }
+        let token = h.regs().register(regs::Kind::Window, buff as u64, size);
+        // SAFETY: checked non-null; the caller's contract.
+        unsafe { put(win, "win", token as ncclWindow_t) }
     })
 }
 
-/// `ncclCommWindowDeregister`: not supported (no window is ever created).
+/// `ncclCommWindowDeregister`: releases a window from [`ncclCommWindowRegister`]. NULL is
+/// `ncclSuccess`; a window this communicator did not hand out, or one released already,
+/// `ncclInvalidUsage`.
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// assert_eq!(ncclCommWindowDeregister(null_mut(), null_mut()), 5);
+/// assert_eq!(ncclCommWindowDeregister(null_mut(), null_mut()), 4); // no communicator
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
-    let _ = (comm, win);
     guard("ncclCommWindowDeregister", || {
-        Err(Fail::unsupported(
-            "ncclCommWindowDeregister",
-            "ringccl never creates windows",
-        ))
+        let h = Handle::from_ptr(comm)?;
+        if win.is_null() {
+            return Ok(());
+        }
+        h.query()?;
+        h.regs().deregister(regs::Kind::Window, win as usize)
     })
 }
 
@@ -659,7 +717,9 @@ pub unsafe extern "C" fn ncclDevCommDestroy(
     })
 }
 
-/// `ncclMemAlloc`: `size` bytes of device memory on the current device (`cuMemAlloc`).
+/// `ncclMemAlloc`: `size` bytes of device memory on the current device (`cuMemAlloc`: plain
+/// device memory, usable by any CUDA call; PyTorch's `torch.cuda.MemPool` on NCCL's allocator
+/// gets it). `size == 0` gives NULL and `ncclSuccess`, as NCCL's fallback does.
 ///
 /// # Safety
 ///
@@ -685,6 +745,11 @@ pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncc
     guard("ncclMemAlloc", || {
         if ptr.is_null() {
             return Err(Fail::arg("ptr is NULL"));
+        }
+        if size == 0 {
+            // As NCCL (its cudaMalloc fallback): nothing allocated, *ptr = NULL.
+            // SAFETY: checked non-null; the caller's contract.
+            return unsafe { put(ptr, "ptr", std::ptr::null_mut()) };
         }
         let p = cuda::mem_alloc(size)?;
         // SAFETY: checked non-null; the caller's contract.
@@ -715,21 +780,34 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     })
 }
 
-/// `ncclRedOpCreatePreMulSum`: not supported (`ncclInvalidUsage`): ringccl has sum, prod,
-/// max, min and avg only.
+/// `ncclRedOpCreatePreMulSum`: a PreMulSum operator on `comm` (each input multiplied by the
+/// scalar, then summed): `ncclScalarHostImmediate` copies the scalar (one element of
+/// `datatype`) now, `ncclScalarDevice` keeps its device address, read when the collective runs.
+/// The operator is valid on `comm` only, for collectives of `datatype` only (else
+/// `ncclInvalidArgument`, as NCCL), until [`ncclRedOpDestroy`].
+///
+/// Whatever fails, `*op` (if `op` is not NULL) is set first to a value every collective
+/// refuses (`ncclMaxRedOp`), never left at a built-in: a caller that ignores the return code
+/// gets an error from the collective, not a plain sum.
+///
+/// Until ringccl's data path runs PreMulSum, a collective given a valid PreMulSum operator
+/// fails with `ncclInvalidUsage` ("PreMulSum collectives are not available in this build").
 ///
 /// # Safety
 ///
-/// None of the pointers is read.
+/// `op` is NULL or valid to write; `scalar` is NULL or, for `ncclScalarHostImmediate`, one
+/// element of `datatype` to read (for `ncclScalarDevice`, device memory that stays valid
+/// while the operator is used).
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// let mut op = 0;
+/// let mut op = 0; // ncclSum
 /// let mut scalar = 0.5f32;
-/// // SAFETY: nothing is read.
+/// // SAFETY: `op` is valid to write; `scalar` is one float. No communicator: refused.
 /// let r = unsafe { ncclRedOpCreatePreMulSum(&mut op, (&mut scalar as *mut f32).cast(), 7, 1, null_mut()) };
-/// assert_eq!(r, 5);
+/// assert_eq!(r, 4); // ncclInvalidArgument
+/// assert_eq!(op, 0x7fff_ffff); // not ncclSum: every collective refuses it
 /// ```
 #[no_mangle]
 pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
@@ -739,28 +817,42 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
     residence: ncclScalarResidence_t,
     comm: ncclComm_t,
 ) -> ncclResult_t {
-    let _ = (op, scalar, datatype, residence, comm);
     guard("ncclRedOpCreatePreMulSum", || {
-        Err(Fail::unsupported(
-            "ncclRedOpCreatePreMulSum",
-            "ringccl reduces with ncclSum, ncclProd, ncclMax, ncclMin and ncclAvg only",
-        ))
+        if op.is_null() {
+            return Err(Fail::arg("op is NULL"));
+        }
+        // SAFETY: checked non-null; the caller's contract. Written before anything can fail.
+        unsafe { op.write(ops::FAILED_OP) };
+        let h = Handle::from_ptr(comm)?;
+        h.member()?;
+        // SAFETY: the caller's contract.
+        let p = unsafe { ops::premul_from_c(scalar, datatype, residence) }?;
+        let v = h.ops().create(p)?;
+        // SAFETY: as above.
+        unsafe { op.write(v) };
+        Ok(())
     })
 }
 
-/// `ncclRedOpDestroy`: `ncclInvalidArgument` (no custom operator ever exists).
+/// `ncclRedOpDestroy`: forgets an operator from [`ncclRedOpCreatePreMulSum`]; later
+/// collectives with it are refused. A built-in, a value not created on `comm`, one destroyed
+/// already, or a NULL `comm` are `ncclInvalidArgument`, as in NCCL (`src/enqueue.cc`).
 ///
 /// ```
 /// use ringccl_nccl::*;
 /// use std::ptr::null_mut;
-/// assert_eq!(ncclRedOpDestroy(5, null_mut()), 4);
+/// assert_eq!(ncclRedOpDestroy(0, null_mut()), 4); // ncclSum is a built-in
+/// assert_eq!(ncclRedOpDestroy(5, null_mut()), 4); // no communicator
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
-    let _ = comm;
     guard("ncclRedOpDestroy", || {
-        Err(Fail::arg(format!(
-            "operator {op} was not made by ncclRedOpCreatePreMulSum (ringccl makes none)"
-        )))
+        if (0..ops::NCCL_NUM_OPS).contains(&op) || op < 0 {
+            // The checks that need no communicator, first, as in NCCL.
+            return ops::OpTable::default().destroy(op);
+        }
+        let h = Handle::from_ptr(comm)?;
+        h.query()?;
+        h.ops().destroy(op)
     })
 }

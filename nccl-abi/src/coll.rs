@@ -2,7 +2,7 @@
 //! the ranks a process holds.
 //!
 //! NCCL takes one rank per call; ringccl takes every rank held by the process in one call. So
-//! each call is queued on its rank ([`Queues`]), and as soon as every rank of the process has
+//! each call is queued on its rank ([`crate::queue::Queues`]), and as soon as every rank of the process has
 //! a call at the head of its queue, those calls are checked to be the same collective and
 //! issued as one ringccl call. With one rank per process (`ncclCommInitRank`) that is at once;
 //! with `ncclCommInitAll` it is when the last rank's call arrives (inside a group, at
@@ -13,197 +13,27 @@
 //! caller's contract (nccl.h) is that they are device memory of the communicator's device, of
 //! the sizes the call implies, and that the caller orders other work on them through the
 //! stream.
+//!
+//! Dependencies point one way: `queue` (plain data) ← `comm` (handles, worlds) ← `group`
+//! (the thread's group state) ← `coll` (issuing) ← the C entry points.
 
-use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ringccl::cudarc::driver::{sys, CudaStream};
 use ringccl::half::{bf16, f16};
-use ringccl::{DataType, DeviceElement, DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf, RedOp};
+use ringccl::{DataType, DeviceElement, DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf};
 
 use crate::comm::{Member, World};
 use crate::error::{Fail, Result};
-
-/// The collectives of nccl.h.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// `ncclAllReduce`.
-    AllReduce,
-    /// `ncclBroadcast` (and `ncclBcast`).
-    Broadcast,
-    /// `ncclReduce`.
-    Reduce,
-    /// `ncclAllGather`.
-    AllGather,
-    /// `ncclReduceScatter`.
-    ReduceScatter,
-    /// `ncclAlltoAll`.
-    AllToAll,
-    /// `ncclGather`.
-    Gather,
-    /// `ncclScatter`.
-    Scatter,
-}
-
-impl Kind {
-    /// The NCCL function's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "ncclAllReduce",
-            Kind::Broadcast => "ncclBroadcast",
-            Kind::Reduce => "ncclReduce",
-            Kind::AllGather => "ncclAllGather",
-            Kind::ReduceScatter => "ncclReduceScatter",
-            Kind::AllToAll => "ncclAlltoAll",
-            Kind::Gather => "ncclGather",
-            Kind::Scatter => "ncclScatter",
-        }
-    }
-
-    /// Whether the call has a root.
-    pub fn rooted(self) -> bool {
-        matches!(
-            self,
-            Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
-        )
-    }
-}
-
-/// One rank's collective call, as plain data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CollCall {
-    /// Which collective.
-    pub kind: Kind,
-    /// The count argument (NCCL's meaning for the collective).
-    pub count: usize,
-    /// The element type.
-    pub dtype: DataType,
-    /// The operator (`Sum` where there is none).
-    pub op: RedOp,
-    /// The root (0 where there is none).
-    pub root: usize,
-    /// `sendbuff`.
-    pub send: u64,
-    /// `recvbuff`.
-    pub recv: u64,
-    /// The `cudaStream_t`/`CUstream`, as an address.
-    pub stream: usize,
-}
-
-impl CollCall {
-    /// Whether two ranks' calls are the same collective.
-    fn same_as(&self, o: &CollCall) -> bool {
-        (self.kind, self.count, self.dtype, self.op, self.root)
-            == (o.kind, o.count, o.dtype, o.op, o.root)
-    }
-
-    fn describe(&self) -> String {
-        if self.kind.rooted() {
-            format!(
-                "{} count {} {} {} root {}",
-                self.kind.name(),
-                self.count,
-                self.dtype.name(),
-                self.op.name(),
-                self.root
-            )
-        } else {
-            format!(
-                "{} count {} {} {}",
-                self.kind.name(),
-                self.count,
-                self.dtype.name(),
-                self.op.name()
-            )
-        }
-    }
-}
-
-/// One rank's `ncclSend` or `ncclRecv`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct P2pCall {
-    /// `true`: a send to `peer`; `false`: a receive from `peer`.
-    pub send: bool,
-    /// The calling rank.
-    pub rank: usize,
-    /// The other rank.
-    pub peer: usize,
-    /// Elements.
-    pub count: usize,
-    /// The element type.
-    pub dtype: DataType,
-    /// The buffer.
-    pub buf: u64,
-    /// The stream, as an address.
-    pub stream: usize,
-}
-
-/// A queued call.
-#[derive(Clone, Copy, Debug)]
-enum Queued {
-    Coll(CollCall),
-}
-
-/// The calls of a world's local ranks waiting for the other ranks' (one queue per local rank),
-/// and the sends and receives waiting for their other side.
-pub struct Queues {
-    per_rank: Vec<VecDeque<Queued>>,
-    p2p: Vec<P2pCall>,
-}
-
-impl Queues {
-    /// Empty queues for `n` local ranks.
-    pub fn new(n: usize) -> Queues {
-        Queues {
-            per_rank: vec![VecDeque::new(); n],
-            p2p: Vec::new(),
-        }
-    }
-
-    /// Whether nothing waits.
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
-        self.p2p.is_empty() && self.per_rank.iter().all(VecDeque::is_empty)
-    }
-
-    /// Whether every (sender, receiver) pair's queued sends add up, in bytes, to the receiver's
-    /// queued receives from that sender.
-    fn p2p_balanced(&self) -> bool {
-        let mut sums: std::collections::HashMap<(usize, usize), i128> = Default::default();
-        for c in &self.p2p {
-            let bytes = (c.count as i128) * (c.dtype.size() as i128);
-            let (key, v) = if c.send {
-                ((c.rank, c.peer), bytes)
-            } else {
-                ((c.peer, c.rank), -bytes)
-            };
-            *sums.entry(key).or_default() += v;
-        }
-        sums.values().all(|&v| v == 0)
-    }
-
-    /// Takes the next set of calls, one per local rank, if every rank has one.
-    fn next_set(&mut self) -> Option<Vec<CollCall>> {
-        if self.per_rank.iter().any(VecDeque::is_empty) {
-            return None;
-        }
-        let mut set = Vec::with_capacity(self.per_rank.len());
-        for q in &mut self.per_rank {
-            let Some(Queued::Coll(c)) = q.pop_front() else {
-                return None;
-            };
-            set.push(c);
-        }
-        Some(set)
-    }
-}
+use crate::group;
+pub use crate::queue::{CollCall, Kind, P2pCall};
 
 /// Queues a collective call of `m`'s rank; issues every complete set unless inside a group.
 pub fn submit(m: &Member, call: CollCall) -> Result<()> {
-    m.world.lock().per_rank[m.index].push_back(Queued::Coll(call));
-    crate::group::touched(&m.world);
-    if crate::group::depth() == 0 {
+    let tag = group::touched(&m.world);
+    m.world.lock().push_coll(m.index, call, tag);
+    if group::depth() == 0 {
         flush(&m.world)
     } else {
         Ok(())
@@ -212,13 +42,85 @@ pub fn submit(m: &Member, call: CollCall) -> Result<()> {
 
 /// Queues a send or receive of `m`'s rank; issues the queued ones unless inside a group.
 pub fn submit_p2p(m: &Member, call: P2pCall) -> Result<()> {
-    m.world.lock().p2p.push(call);
-    crate::group::touched(&m.world);
-    if crate::group::depth() == 0 {
+    let tag = group::touched(&m.world);
+    m.world.lock().push_p2p(call, tag);
+    if group::depth() == 0 {
         flush(&m.world)
     } else {
         Ok(())
     }
+}
+
+/// `ncclGroupEnd`: at the outermost level, waits for the group's initialisations, then either
+/// issues the calls it queued or, if a call inside the group failed, drops them and returns
+/// that first failure (as NCCL does: the whole group fails, nothing of it runs).
+pub fn group_end() -> Result<()> {
+    let Some(done) = group::end()? else {
+        return Ok(());
+    };
+    let mut first = match done.error {
+        Some(f) => Err(Fail::new(
+            f.code,
+            format!(
+                "a call inside the group failed, so nothing of the group was issued: {}",
+                f.message
+            ),
+        )),
+        None => Ok(()),
+    };
+    for h in &done.inits {
+        let r = h.wait_init();
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    if first.is_err() {
+        for w in &done.worlds {
+            let dropped = w.lock().discard(done.tag);
+            crate::debug::info(|| {
+                format!("ncclGroupEnd: the group failed; {dropped} calls dropped")
+            });
+        }
+        return first;
+    }
+    for w in &done.worlds {
+        let r = flush(w);
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// `ncclGroupSimulateEnd` with a `ncclSimInfo_t`: ends the group as NCCL does (inner level:
+/// nothing; outermost: the thread leaves the group, the group's initialisations are waited for,
+/// and, as in a simulation, none of its calls is issued: they are dropped). ringccl has no cost
+/// model to fill in `estimatedTime`, so the outermost end then fails with `ncclInvalidUsage`
+/// (or with the group's own first error, or `ncclInvalidArgument` for a `simInfo` not made with
+/// `NCCL_SIM_INFO_INITIALIZER`); the thread is out of the group either way.
+pub fn group_simulate_end(sim_info_valid: bool) -> Result<()> {
+    let Some(done) = group::end()? else {
+        return Ok(());
+    };
+    let mut first = match done.error {
+        Some(f) => Err(f),
+        None if !sim_info_valid => Err(Fail::arg(
+            "simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER (magic 0x74685283)",
+        )),
+        None => Err(Fail::usage(
+            "ringccl has no cost model to estimate the group's time; the group ended and none \
+             of its calls was issued (as in a simulation): end it with ncclGroupEnd to run them",
+        )),
+    };
+    for h in &done.inits {
+        if let Err(f) = h.wait_init() {
+            first = Err(f);
+        }
+    }
+    for w in &done.worlds {
+        w.lock().discard(done.tag);
+    }
+    first
 }
 
 /// Issues every complete set of collectives of `world`, in order, then the queued sends and
@@ -237,8 +139,8 @@ pub fn flush(world: &World) -> Result<()> {
         }
     }
     let ready = world.comm.local_ranks().len() < world.comm.nranks() || q.p2p_balanced();
-    if !q.p2p.is_empty() && ready {
-        let calls = std::mem::take(&mut q.p2p);
+    if q.has_p2p() && ready {
+        let calls = q.take_p2p();
         let r = issue_p2p(world, &calls);
         if first.is_ok() {
             first = r;
@@ -405,6 +307,13 @@ fn issue(world: &World, set: &[CollCall]) -> Result<()> {
     if first.count == 0 {
         return Ok(());
     }
+    if first.premul.is_some() {
+        // Where the PreMulSum host call goes; `ops::premul_for` keeps such calls out today.
+        return Err(Fail::new(
+            crate::types::NCCL_INTERNAL_ERROR,
+            "a PreMulSum collective reached a data path that cannot run it; nothing was run",
+        ));
+    }
     match first.dtype {
         DataType::F32 => issue_typed::<f32>(world, set),
         DataType::F64 => issue_typed::<f64>(world, set),
@@ -515,6 +424,7 @@ fn issue_p2p(world: &World, calls: &[P2pCall]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringccl::RedOp;
 
     fn call(kind: Kind, send: u64, recv: u64, count: usize) -> CollCall {
         CollCall {
@@ -522,6 +432,7 @@ mod tests {
             count,
             dtype: DataType::F32,
             op: RedOp::Sum,
+            premul: None,
             root: 1,
             send,
             recv,
@@ -571,35 +482,5 @@ mod tests {
         assert_eq!(shape(&s).4, "send");
         let s = slot::<f32>(&call(Kind::AllReduce, 0x2000, 0x2000, 10), 0, 4, 0);
         assert_eq!(shape(&s), (0x2000, 10, 0x2000, 10, "in"));
-    }
-
-    #[test]
-    fn transfers_balance_in_bytes() {
-        let p2p = |send, rank, peer, count, dtype| P2pCall {
-            send,
-            rank,
-            peer,
-            count,
-            dtype,
-            buf: 0x1000,
-            stream: 0,
-        };
-        let mut q = Queues::new(2);
-        q.p2p.push(p2p(true, 0, 1, 4, DataType::F32));
-        assert!(!q.p2p_balanced());
-        q.p2p.push(p2p(false, 1, 0, 16, DataType::U8));
-        assert!(q.p2p_balanced());
-        q.p2p.push(p2p(false, 0, 1, 1, DataType::F64));
-        assert!(!q.p2p_balanced());
-    }
-
-    #[test]
-    fn sets_form_when_every_rank_has_a_call() {
-        let mut q = Queues::new(2);
-        q.per_rank[0].push_back(Queued::Coll(call(Kind::AllReduce, 1, 1, 4)));
-        assert!(q.next_set().is_none());
-        q.per_rank[1].push_back(Queued::Coll(call(Kind::AllReduce, 2, 2, 4)));
-        assert_eq!(q.next_set().map(|s| s.len()), Some(2));
-        assert!(q.is_empty());
     }
 }

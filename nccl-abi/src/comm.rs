@@ -14,9 +14,11 @@ use std::thread::JoinHandle;
 
 use ringccl::Communicator;
 
-use crate::coll::Queues;
 use crate::error::{Fail, Result};
 use crate::ncclComm;
+use crate::ops::OpTable;
+use crate::queue::Queues;
+use crate::regs::Registrations;
 use crate::types::*;
 
 /// Ranks of one ringccl communicator held by this process.
@@ -73,6 +75,10 @@ pub struct Handle {
     state: Mutex<State>,
     /// Whether calls wait for initialisation (`config.blocking != 0`).
     pub blocking: bool,
+    /// The PreMulSum operators created on this rank's communicator.
+    ops: Mutex<OpTable>,
+    /// The buffers and windows registered with it.
+    regs: Mutex<Registrations>,
 }
 
 /// The addresses of every handle ever created.
@@ -91,6 +97,8 @@ impl Handle {
         let h: &'static mut Handle = Box::leak(Box::new(Handle {
             state: Mutex::new(state),
             blocking,
+            ops: Mutex::new(OpTable::default()),
+            regs: Mutex::new(Registrations::default()),
         }));
         let ptr: *mut Handle = h;
         registry().insert(ptr as usize);
@@ -109,6 +117,16 @@ impl Handle {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The communicator's operator table (`ncclRedOpCreatePreMulSum`), locked.
+    pub fn ops(&self) -> MutexGuard<'_, OpTable> {
+        self.ops.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The communicator's registrations, locked.
+    pub fn regs(&self) -> MutexGuard<'_, Registrations> {
+        self.regs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The handle behind a C pointer: `ncclInvalidArgument` for NULL or a pointer that is not
@@ -157,9 +175,12 @@ impl Handle {
         Self::settle(&mut st, self.blocking);
         match &*st {
             State::Ready(m) => Ok(m.clone()),
-            State::Initializing(_) => Err(Fail::new(
-                NCCL_IN_PROGRESS,
-                "the communicator is still initialising: poll ncclCommGetAsyncError until it                  returns ncclSuccess",
+            // NCCL's `ncclCommEnsureReady`: a non-blocking communicator used before its
+            // initialisation returned ncclSuccess is an invalid argument.
+            State::Initializing(_) => Err(Fail::arg(
+                "the communicator is still initialising (attempt to use it before the previous \
+                 operation returned ncclSuccess): poll ncclCommGetAsyncError until it returns \
+                 ncclSuccess",
             )),
             State::Finalized(_) => Err(Fail::usage("the communicator was finalized")),
             State::Failed(f) => Err(Fail::new(
@@ -221,6 +242,10 @@ impl Handle {
     /// `ncclCommFinalize`: waits for the communicator's work, then allows only queries and
     /// destroy.
     pub fn finalize(&self) -> Result<()> {
+        if matches!(*self.lock(), State::Finalized(_)) {
+            // NCCL: "prevent double finalize" → ncclInvalidArgument.
+            return Err(Fail::arg("the communicator was finalized already"));
+        }
         let m = self.member()?;
         m.world.comm.synchronize().map_err(Fail::from)?;
         *self.lock() = State::Finalized(m);
@@ -229,13 +254,23 @@ impl Handle {
 
     /// `ncclCommAbort`: cancels the communicator's pending and future work on every rank it
     /// holds (`ringccl::Communicator::abort`: device waits released, bounded), then destroys
-    /// this rank's share.
+    /// this rank's share. Aborting a handle destroyed or aborted already succeeds and does
+    /// nothing (NCCL would read freed memory there; a watchdog that aborts twice must not fail).
+    /// A non-blocking initialisation still running is not waited for: the handle is destroyed
+    /// at once and the initialisation's thread left to end on its own (its communicator, if it
+    /// ever forms, is freed when the thread ends).
     pub fn abort(&self) -> Result<()> {
         let world = {
             let mut st = self.lock();
-            Self::settle(&mut st, true);
+            Self::settle(&mut st, self.blocking);
+            if matches!(*st, State::Initializing(_)) {
+                // Dropping the JoinHandle detaches the thread; its `Member` is dropped with it.
+                *st = State::Destroyed;
+                return Ok(());
+            }
             match &*st {
                 State::Ready(m) | State::Finalized(m) => Some(m.world.clone()),
+                State::Destroyed => return Ok(()),
                 _ => None,
             }
         };
@@ -243,7 +278,11 @@ impl Handle {
             // Best effort: whatever it reports, the share is destroyed next.
             let _ = w.comm.abort();
         }
-        self.destroy()
+        match self.destroy() {
+            // Another thread destroyed it meanwhile: aborted either way.
+            Err(f) if f.code == NCCL_INVALID_ARGUMENT => Ok(()),
+            r => r,
+        }
     }
 
     /// `ncclCommDestroy`/`ncclCommAbort`: drops this rank's share of the world (the last
@@ -252,11 +291,86 @@ impl Handle {
         let mut st = self.lock();
         Self::settle(&mut st, true);
         if matches!(*st, State::Destroyed) {
-            return Err(Fail::usage("the communicator was already destroyed"));
+            // NCCL: "comm %p has already been destroyed" → ncclInvalidArgument.
+            return Err(Fail::arg("the communicator was already destroyed"));
         }
         let old = std::mem::replace(&mut *st, State::Destroyed);
         drop(st);
         drop(old);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err<T>(r: Result<T>) -> Fail {
+        match r {
+            Err(f) => f,
+            Ok(_) => panic!("expected a failure"),
+        }
+    }
+
+    /// A handle whose initialisation failed: the states that need no GPU.
+    fn failed() -> *mut ncclComm {
+        Handle::leak(State::Failed(Fail::new(NCCL_SYSTEM_ERROR, "no peer")), true)
+    }
+
+    #[test]
+    fn destroy_twice_is_an_invalid_argument_and_abort_after_it_succeeds() {
+        let h = Handle::from_ptr(failed()).unwrap();
+        assert_eq!(err(h.member()).code, NCCL_SYSTEM_ERROR);
+        h.destroy().unwrap();
+        assert_eq!(h.destroy().unwrap_err().code, NCCL_INVALID_ARGUMENT);
+        assert!(h.abort().is_ok());
+        assert!(h.abort().is_ok());
+        assert_eq!(err(h.member()).code, NCCL_INVALID_USAGE);
+        assert_eq!(h.async_error().unwrap_err().code, NCCL_INVALID_USAGE);
+    }
+
+    #[test]
+    fn abort_destroys() {
+        let h = Handle::from_ptr(failed()).unwrap();
+        h.abort().unwrap();
+        assert_eq!(h.destroy().unwrap_err().code, NCCL_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn a_failed_initialisation_is_the_async_error() {
+        let h = Handle::from_ptr(failed()).unwrap();
+        assert_eq!(h.async_error(), Ok(NCCL_SYSTEM_ERROR));
+        assert_eq!(h.finalize().unwrap_err().code, NCCL_SYSTEM_ERROR);
+    }
+
+    #[test]
+    fn a_non_blocking_handle_used_while_initialising_is_an_invalid_argument() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let init = std::thread::spawn(move || -> Result<Member> {
+            let _ = rx.recv();
+            Err(Fail::usage("stopped"))
+        });
+        let h = Handle::from_ptr(Handle::initializing(init, false)).unwrap();
+        assert_eq!(h.async_error(), Ok(NCCL_IN_PROGRESS));
+        let e = err(h.member());
+        assert_eq!(e.code, NCCL_INVALID_ARGUMENT);
+        assert!(e.message.contains("still initialising"), "{}", e.message);
+        tx.send(()).unwrap();
+        h.wait_init().unwrap_err();
+        assert_eq!(h.async_error(), Ok(NCCL_INVALID_USAGE));
+        h.destroy().unwrap();
+    }
+
+    #[test]
+    fn aborting_a_non_blocking_initialisation_does_not_wait_for_it() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let init = std::thread::spawn(move || -> Result<Member> {
+            let _ = rx.recv();
+            Err(Fail::usage("stopped"))
+        });
+        let h = Handle::from_ptr(Handle::initializing(init, false)).unwrap();
+        h.abort().unwrap();
+        assert_eq!(err(h.member()).code, NCCL_INVALID_USAGE);
+        drop(tx);
     }
 }

@@ -127,6 +127,23 @@ pub fn mem_alloc(size: usize) -> Result<u64> {
 /// `ptr` must come from [`mem_alloc`] and no work may still use it.
 pub unsafe fn mem_free(ptr: u64) -> Result<()> {
     init()?;
+    // Free in the memory's own context, whatever the calling thread has current (NCCL sets the
+    // pointer's device first, too); the caller's context is restored afterwards.
+    let _keep = KeepContext::new();
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle for a device address.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ctx as *mut sys::CUcontext).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            ptr,
+        )
+    };
+    check("cuPointerGetAttribute(CONTEXT)", r)?;
+    if !ctx.is_null() {
+        // SAFETY: the context owning live memory is alive; `_keep` restores the caller's.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })?;
+    }
     // SAFETY: the caller's contract.
     check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) })
 }

@@ -12,7 +12,9 @@
 //! * No panic crosses into C: every entry point runs in [`error::guard`].
 //! * The entry points are in `c_comm` (communicators, memory, operators) and `c_coll` (groups,
 //!   collectives, send/recv), re-exported here; they check their C arguments and call the
-//!   implementation in `comm`, `coll` and `group`.
+//!   implementation. Its modules depend on each other one way: `queue` (queued calls, plain
+//!   data), `ops` (reduction operators), `regs` (registrations) ← `comm` (handles) ← `group`
+//!   (the thread's group) ← `coll` (issuing).
 //! * A function ringccl cannot honour returns `ncclInvalidUsage` and says why in
 //!   `ncclGetLastError`; the table of what is supported is in `docs/NCCL_ABI.md`.
 //!
@@ -38,6 +40,9 @@ mod cuda;
 mod debug;
 pub mod error;
 mod group;
+pub mod ops;
+mod queue;
+mod regs;
 pub mod types;
 
 use std::ffi::{c_char, c_int, c_void, CStr};

@@ -150,7 +150,8 @@ pub fn data_type(t: ncclDataType_t) -> Result<DataType, String> {
     })
 }
 
-/// The ringccl operator of an `ncclRedOp_t`, or why there is none.
+/// The ringccl operator of a built-in `ncclRedOp_t`, or why it is not one (created
+/// operators: [`crate::ops::OpTable::resolve`]).
 ///
 /// ```
 /// use ringccl_nccl::types::red_op;
@@ -167,8 +168,8 @@ pub fn red_op(op: ncclRedOp_t) -> Result<RedOp, String> {
         4 => RedOp::Avg,
         _ => {
             return Err(format!(
-                "reduction operator {op} is not ncclSum, ncclProd, ncclMax, ncclMin or ncclAvg \
-                 (ringccl creates no custom operators)"
+                "reduction operator {op} is not a built-in (ncclSum, ncclProd, ncclMax, ncclMin \
+                 or ncclAvg); created operators are looked up on their communicator"
             ))
         }
     })
@@ -224,6 +225,6 @@ mod tests {
             ops,
             [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg]
         );
-        assert!(red_op(-1).unwrap_err().contains("custom"));
+        assert!(red_op(-1).unwrap_err().contains("built-in"));
     }
 }

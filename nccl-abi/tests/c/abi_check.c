@@ -173,6 +173,7 @@ int main(void) {
   CHECK(comm == NULL, "comm written on failure");
 
   /* A pointer that is not a communicator of this library. */
+  ncclResult_t async_dummy = ncclSuccess;
   int x = 0;
   ncclComm_t bogus = (ncclComm_t)&x;
   int n = -1;
@@ -182,8 +183,16 @@ int main(void) {
   CHECK(ncclCommUserRank(bogus, &n) == ncclInvalidArgument, "rank bogus comm");
   CHECK(ncclCommCuDevice(bogus, &n) == ncclInvalidArgument, "device bogus comm");
   CHECK(ncclCommDestroy(bogus) == ncclInvalidArgument, "destroy bogus comm");
-  CHECK(ncclCommAbort(NULL) == ncclInvalidArgument, "abort NULL");
+  CHECK(ncclCommAbort(bogus) == ncclInvalidArgument, "abort bogus comm");
   CHECK(ncclCommFinalize(bogus) == ncclInvalidArgument, "finalize bogus");
+  /* NULL communicators, as NCCL 2.28 (src/init.cc): destroy, abort and finalize succeed
+   * (PyTorch's watchdog aborts with NULL); queries refuse. */
+  CHECK(ncclCommDestroy(NULL) == ncclSuccess, "destroy NULL");
+  CHECK(ncclCommAbort(NULL) == ncclSuccess, "abort NULL");
+  CHECK(ncclCommAbort(NULL) == ncclSuccess, "abort NULL again");
+  CHECK(ncclCommFinalize(NULL) == ncclSuccess, "finalize NULL");
+  CHECK(ncclCommGetAsyncError(NULL, &async_dummy) == ncclInvalidArgument, "async NULL");
+  CHECK(ncclCommUserRank(NULL, &n) == ncclInvalidArgument, "rank NULL comm");
   ncclResult_t async = ncclSuccess;
   CHECK(ncclCommGetAsyncError(bogus, &async) == ncclInvalidArgument, "async bogus");
   float buf[4];
@@ -194,32 +203,75 @@ int main(void) {
   CHECK(ncclRecv(buf, 4, ncclFloat32, 0, bogus, NULL) == ncclInvalidArgument, "recv");
   void *handle = NULL;
   CHECK(ncclCommRegister(bogus, buf, sizeof buf, &handle) == ncclInvalidArgument, "register");
+  CHECK(ncclCommRegister(NULL, buf, sizeof buf, &handle) == ncclInvalidArgument, "register NULL comm");
+  CHECK(ncclCommDeregister(bogus, buf) == ncclInvalidArgument, "deregister bogus comm");
+  ncclWindow_t win = NULL;
+  CHECK(ncclCommWindowRegister(bogus, buf, sizeof buf, &win, NCCL_WIN_DEFAULT) == ncclInvalidArgument, "window bogus comm");
+  CHECK(ncclCommWindowRegister(NULL, buf, sizeof buf, &win, NCCL_WIN_DEFAULT) == ncclInvalidArgument, "window NULL comm");
+  CHECK(win == NULL, "window written on failure");
+  CHECK(ncclCommWindowDeregister(bogus, NULL) == ncclInvalidArgument, "window dereg bogus comm");
+
+  /* Reduction operators. A failed ncclRedOpCreatePreMulSum writes a value every collective
+   * refuses (ncclMaxRedOp), never leaves a built-in behind (PyTorch ignores its result). */
+  ncclRedOp_t op = ncclSum;
+  float scalar = 0.5f;
+  CHECK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, bogus) == ncclInvalidArgument, "premulsum bogus comm");
+  CHECK(strstr(ncclGetLastError(NULL), "not a communicator") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(op == ncclMaxRedOp, "a failed create left op %d", (int)op);
+  op = ncclSum;
+  CHECK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarDevice, NULL) == ncclInvalidArgument, "premulsum NULL comm");
+  CHECK(op == ncclMaxRedOp, "a failed create left op %d", (int)op);
+  CHECK(ncclRedOpCreatePreMulSum(NULL, &scalar, ncclFloat32, ncclScalarHostImmediate, bogus) == ncclInvalidArgument, "premulsum NULL op");
+  CHECK(ncclAllReduce(buf, buf, 4, ncclFloat32, op, bogus, NULL) == ncclInvalidArgument, "allreduce with a failed op");
+  for (int b = ncclSum; b < ncclNumOps; b++)
+    CHECK(ncclRedOpDestroy((ncclRedOp_t)b, bogus) == ncclInvalidArgument, "destroy built-in %d", b);
+  CHECK(strstr(ncclGetLastError(NULL), "built-in") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(ncclRedOpDestroy((ncclRedOp_t)-1, NULL) == ncclInvalidArgument, "destroy garbage");
+  CHECK(ncclRedOpDestroy((ncclRedOp_t)5, NULL) == ncclInvalidArgument, "destroy, NULL comm");
+  CHECK(ncclRedOpDestroy((ncclRedOp_t)5, bogus) == ncclInvalidArgument, "destroy, bogus comm");
+  CHECK(ncclRedOpDestroy(ncclMaxRedOp, bogus) == ncclInvalidArgument, "destroy the failed value");
+
+  /* Groups: a call that fails inside a group fails the group: ncclGroupEnd returns its error
+   * (as NCCL's ncclGroupErrCheck), and the next group starts clean. */
+  CHECK(ncclGroupStart() == ncclSuccess, "group start");
+  CHECK(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, bogus, NULL) == ncclInvalidArgument, "allreduce in a group");
+  CHECK(ncclSend(buf, 4, ncclFloat32, 0, NULL, NULL) == ncclInvalidArgument, "send in a group");
+  CHECK(ncclGroupEnd() == ncclInvalidArgument, "the group's end reports its first error");
+  CHECK(strstr(ncclGetLastError(NULL), "ncclGroupEnd") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(ncclGroupStart() == ncclSuccess, "group start");
+  CHECK(ncclGroupEnd() == ncclSuccess, "a clean group after a failed one");
 
   /* What ringccl does not support says so. */
-  ncclRedOp_t op;
-  float scalar = 2.0f;
-  CHECK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, bogus) == ncclInvalidUsage, "premulsum");
-  CHECK(strstr(ncclGetLastError(NULL), "not supported by ringccl") != NULL, "'%s'", ncclGetLastError(NULL));
   ncclComm_t split = NULL;
   CHECK(ncclCommSplit(bogus, 0, 0, &split, NULL) == ncclInvalidUsage, "split");
   CHECK(ncclCommShrink(bogus, NULL, 0, &split, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidUsage, "shrink");
-  CHECK(ncclCommWindowRegister(bogus, buf, sizeof buf, NULL, NCCL_WIN_DEFAULT) == ncclInvalidUsage, "window");
-  CHECK(ncclCommWindowDeregister(bogus, NULL) == ncclInvalidUsage, "window dereg");
   CHECK(ncclDevCommCreate(bogus, NULL, NULL) == ncclInvalidUsage, "devcomm");
   CHECK(ncclDevCommDestroy(bogus, NULL) == ncclInvalidUsage, "devcomm destroy");
-  CHECK(ncclRedOpDestroy((ncclRedOp_t)5, bogus) == ncclInvalidArgument, "redop destroy");
 
   /* Groups: balanced is fine (an empty group issues nothing), an extra end is an error. */
   CHECK(ncclGroupStart() == ncclSuccess, "group start");
   CHECK(ncclGroupStart() == ncclSuccess, "nested group start");
   CHECK(ncclGroupEnd() == ncclSuccess, "nested group end");
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  CHECK(ncclGroupStart() == ncclSuccess, "nested group start");
+  CHECK(ncclGroupSimulateEnd(&sim) == ncclSuccess, "simulate at an inner level: nothing, as NCCL");
+  /* The outermost simulated end closes the group as NCCL's does (nothing issued), but has no
+   * estimate to give. */
   CHECK(ncclGroupSimulateEnd(&sim) == ncclInvalidUsage, "simulate");
-  CHECK(ncclGroupEnd() == ncclSuccess, "group end");
+  CHECK(strstr(ncclGetLastError(NULL), "no cost model") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(ncclGroupEnd() == ncclInvalidUsage, "the simulated end closed the group");
+  CHECK(ncclGroupStart() == ncclSuccess, "group start");
+  sim.magic = 0;
+  CHECK(ncclGroupSimulateEnd(&sim) == ncclInvalidArgument, "simulate with a bad magic");
+  CHECK(ncclGroupStart() == ncclSuccess, "group start");
+  CHECK(ncclGroupSimulateEnd(NULL) == ncclSuccess, "simulate(NULL) is ncclGroupEnd");
   CHECK(ncclGroupEnd() == ncclInvalidUsage, "group end without start");
 
   CHECK(ncclMemFree(NULL) == ncclSuccess, "free NULL");
   CHECK(ncclMemAlloc(NULL, 16) == ncclInvalidArgument, "alloc NULL");
+  void *mem = buf;
+  CHECK(ncclMemAlloc(&mem, 0) == ncclSuccess && mem == NULL, "alloc 0 bytes: NULL, as NCCL");
+  CHECK(ncclGetLastError(NULL) != NULL, "ncclGetLastError(NULL) is a string");
 
   if (failures) {
     fprintf(stderr, "abi check: %d of %d checks FAILED\n", failures, checks);

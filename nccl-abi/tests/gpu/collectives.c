@@ -454,14 +454,63 @@ int main(int argc, char **argv) {
   if (ncclAllReduce(dsend[0], drecv[0], 4, ncclFloat32, (ncclRedOp_t)7, comms[0], streams[0]) != ncclInvalidArgument) failures++;
   if (ncclBroadcast(dsend[0], drecv[0], 4, ncclFloat32, nranks, comms[0], streams[0]) != ncclInvalidArgument) failures++;
   if (ncclAllReduce(NULL, drecv[0], 4, ncclFloat32, ncclSum, comms[0], streams[0]) != ncclInvalidArgument) failures++;
+  /* PreMulSum operators on a live communicator: created, checked by type, refused by the
+   * data path until it runs them (ncclInvalidUsage, never a plain sum), destroyed, then
+   * refused everywhere. A failed create writes ncclMaxRedOp, which collectives refuse. */
+  {
+    float half = 0.5f;
+    ncclRedOp_t op = ncclSum, op2 = ncclSum, bad = ncclSum;
+    checks += 12;
+    if (ncclRedOpCreatePreMulSum(&op, &half, ncclFloat32, ncclScalarHostImmediate, comms[0]) != ncclSuccess) failures++;
+    if (op < ncclNumOps) failures++;
+    if (ncclRedOpCreatePreMulSum(&op2, dsend[0], ncclFloat32, ncclScalarDevice, comms[0]) != ncclSuccess || op2 == op) failures++;
+    if (ncclAllReduce(dsend[0], drecv[0], 4, ncclFloat32, op, comms[0], streams[0]) != ncclInvalidUsage) failures++;
+    if (strstr(ncclGetLastError(comms[0]), "PreMulSum collectives are not available in this build") == NULL) failures++;
+    if (ncclAllReduce(dsend[0], drecv[0], 4, ncclBfloat16, op, comms[0], streams[0]) != ncclInvalidArgument) failures++;
+    if (ncclRedOpCreatePreMulSum(&bad, &half, (ncclDataType_t)99, ncclScalarHostImmediate, comms[0]) != ncclInvalidArgument || bad != ncclMaxRedOp) failures++;
+    if (ncclReduceScatter(dsend[0], drecv[0], 4, ncclFloat32, bad, comms[0], streams[0]) != ncclInvalidArgument) failures++;
+    if (ncclRedOpDestroy(op, comms[0]) != ncclSuccess) failures++;
+    if (ncclReduce(dsend[0], drecv[0], 4, ncclFloat32, op, 0, comms[0], streams[0]) != ncclInvalidArgument) failures++;
+    if (ncclRedOpDestroy(op, comms[0]) != ncclInvalidArgument) failures++;
+    if (ncclRedOpDestroy(op2, comms[0]) != ncclSuccess) failures++;
+    if (nlocal > 1) {
+      /* an operator of one rank's communicator is unknown to another's */
+      ncclRedOp_t mine = ncclSum;
+      checks += 2;
+      if (ncclRedOpCreatePreMulSum(&mine, &half, ncclFloat32, ncclScalarHostImmediate, comms[0]) != ncclSuccess) failures++;
+      if (ncclRedOpDestroy(mine, comms[1]) != ncclInvalidArgument) failures++;
+      (void)ncclRedOpDestroy(mine, comms[0]);
+    }
+  }
+  /* Registration: tracked handles, checked on deregister; windows the same; NCCL's memory. */
+  {
+    void *h1 = NULL, *h2 = NULL, *mem = NULL;
+    ncclWindow_t win = NULL;
+    checks += 11;
+    if (ncclCommRegister(comms[0], dsend[0], cap, &h1) != ncclSuccess || h1 == NULL) failures++;
+    if (ncclCommRegister(comms[0], dsend[0], cap, &h2) != ncclSuccess || h2 != h1) failures++;
+    if (ncclCommDeregister(comms[0], h1) != ncclSuccess) failures++;
+    if (ncclCommDeregister(comms[0], h2) != ncclSuccess) failures++;
+    if (ncclCommDeregister(comms[0], h1) != ncclInvalidUsage) failures++;
+    if (ncclCommDeregister(comms[0], NULL) != ncclSuccess) failures++;
+    if (ncclCommWindowRegister(comms[0], drecv[0], cap, &win, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess || win == NULL) failures++;
+    if (ncclCommWindowDeregister(comms[0], win) != ncclSuccess) failures++;
+    if (ncclCommWindowDeregister(comms[0], win) != ncclInvalidUsage) failures++;
+    if (ncclMemAlloc(&mem, 1 << 20) != ncclSuccess || mem == NULL) failures++;
+    if (ncclMemFree(mem) != ncclSuccess) failures++;
+  }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   for (int l = 0; l < nlocal; l++) {
     NCCL(ncclCommFinalize(comms[l]));
     NCCL(ncclCommDestroy(comms[l]));
   }
-  /* a communicator used after destroy */
-  checks++;
+  /* a communicator used after destroy; destroyed twice (NCCL: ncclInvalidArgument); aborted
+   * after destroy, and NULL (both ncclSuccess: PyTorch's watchdog) */
+  checks += 4;
   if (ncclCommCount(comms[0], &count) != ncclInvalidUsage) failures++;
+  if (ncclCommDestroy(comms[0]) != ncclInvalidArgument) failures++;
+  if (ncclCommAbort(comms[0]) != ncclSuccess) failures++;
+  if (ncclCommAbort(NULL) != ncclSuccess) failures++;
   printf("collectives %s (rank %d of %d): %d checks, %d failed, %.1f s\n", mode, ranks[0], nranks, checks,
          failures, (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
   return failures ? 1 : 0;
