@@ -392,7 +392,8 @@ def main():
         child_main(args)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    # Several ranks may share a GPU (under MPS): rank r uses GPU LOCAL_RANK % the GPUs seen.
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl")
     lib = library_name()
