@@ -143,7 +143,6 @@ pub struct P2pPlan {
 /// chunks are large (each costs a copy, a signal and a wait on the stream).
 pub const IPC_SLOTS: usize = 2;
 
-
 /// Most chunks a rank's sends run ahead of its receives.
 pub const MAX_AHEAD: usize = 3;
 
