@@ -71,6 +71,7 @@ fn untracked_note(opts: &Options) -> String {
 
 /// The whole run: prints the table, writes the files; `Ok(true)` when every element was right
 /// and nothing failed. Started by a launcher, one process per GPU ([`super::procs`]); else one
+/// process drives every GPU.
 pub fn run(opts: Options, command: Vec<String>) -> Result<bool, String> {
     if let Some(&kind) = opts.colls.iter().find(|&&k| !coll::is_measured(k)) {
         return Err(not_measured(kind));
