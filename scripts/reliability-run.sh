@@ -2,9 +2,10 @@
 # Runs the reliability suite, the stress test, the collective and multi-process suites and the
 # sanitizer runs on a GPU machine, from release test binaries built elsewhere
 # (`cargo test --release -p ringccl-tests --no-run`, copied as DIR/test-<name>).
-#   scripts/reliability-run.sh DIR [BUDGET_S]
-# Every step runs under a timeout and is skipped once BUDGET_S seconds (default 280) have
-# passed, so a hang cannot eat the run. STEPS="name ..." runs only those steps, in that order
+#   scripts/reliability-run.sh DIR [LIMIT_S]
+# Every step runs under a timeout, and the whole run under a time limit of LIMIT_S seconds
+# (default 280): a step that would start after it is skipped and named in the summary, so a
+# hang cannot hold up the run. STEPS="name ..." runs only those steps, in that order
 # (names as in the summary). Logs go to $OUT (default /tmp/ringccl-reliability), one
 # <step>.log per step, re-packed into $OUT/logs.tar.gz after each step; a summary is printed
 # last, and the script exits non-zero if a step failed.
@@ -16,7 +17,7 @@
 # time to error; KILL_TIMEOUT (default 3) is their RINGCCL_TIMEOUT.
 set -uo pipefail
 D=${1:?directory with the test binaries}
-BUDGET=${2:-280}
+LIMIT=${2:-280}
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/ringccl-reliability}
 mkdir -p "$OUT/logs"
@@ -56,11 +57,11 @@ pack() {
 step() { # name limit cmd...
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
-  if [ $((SECONDS + 5)) -ge "$BUDGET" ]; then
-    SUMMARY+=("$name: skipped (budget)")
+  if [ $((SECONDS + 5)) -ge "$LIMIT" ]; then
+    SUMMARY+=("$name: skipped (the run's time limit of $LIMIT s was reached)")
     return
   fi
-  [ $((SECONDS + limit)) -gt "$BUDGET" ] && limit=$((BUDGET - SECONDS))
+  [ $((SECONDS + limit)) -gt "$LIMIT" ] && limit=$((LIMIT - SECONDS))
   echo "=== $name (<= $limit s): $*" | tee -a "$OUT/logs/steps.log"
   timeout "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
   rc=$?

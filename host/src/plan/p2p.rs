@@ -41,6 +41,7 @@
 //! `j - S + A ≤ j - 1`; a receive in round `j` waits for *data `j - A`*, which the peer issued
 //! in round `j - A`, among its sends, which come before its receives.
 
+pub use crate::transport::net::{Carry, NET_SLOTS};
 use crate::{Arg, Error, Result};
 
 /// Which side of a transfer an operation is.
@@ -141,13 +142,6 @@ pub struct P2pPlan {
 /// Slots per region of the mapped scratch of a peer on the same machine (IPC): two, so that the
 /// chunks are large (each costs a copy, a signal and a wait on the stream).
 pub const IPC_SLOTS: usize = 2;
-
-/// Slots per region of a network peer's scratch: eight (1 MiB for two ranks), with sends
-/// [`MAX_AHEAD`] chunks ahead of the receives, so that a credit is needed five rounds after it
-/// is issued instead of one. Measured against four slots over loopback TCP (two processes,
-/// 4–256 MiB, 20 iterations, two runs each): median 1.17 ×; all-gather, reduce-scatter,
-/// all-to-all and send/recv 1.12–1.57 ×, all-reduce 0.95–1.29 × (`docs/perf/README.md`).
-pub const NET_SLOTS: usize = 8;
 
 /// Most chunks a rank's sends run ahead of its receives.
 pub const MAX_AHEAD: usize = 3;
@@ -272,51 +266,6 @@ pub enum Chunks {
     /// Per direction of each pair, [`net_chunk`] of the slot and the direction's byte total,
     /// which its sender and receiver both know (`peer_ops`).
     ByPair,
-}
-
-/// What a rank's network pairs carry from one group to the next ([`plan_net`]): per peer, the
-/// chunks sent and received so far (the next chunk's slot) and, for the last `slots` chunks
-/// sent, the number of the peer's signal (over every group) that consumed each.
-///
-/// ```
-/// use ringccl::internals::plan::p2p::Carry;
-/// let c = Carry::new(4, 8);
-/// assert_eq!(c.chunks_to(1), 0);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Carry {
-    /// Slots per region: the layout the carry belongs to.
-    slots: usize,
-    /// Per peer.
-    peers: Vec<PeerCarry>,
-}
-
-/// One peer's part of a [`Carry`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct PeerCarry {
-    /// Chunks sent to the peer so far.
-    out: u64,
-    /// Chunks received from the peer so far.
-    inn: u64,
-    /// For the last (at most `slots`) chunks sent, oldest first: the number of the peer's
-    /// signal that consumed it, counted over every group.
-    freed: std::collections::VecDeque<u64>,
-}
-
-impl Carry {
-    /// Nothing sent or received yet among `nranks` ranks, for regions of `slots` slots.
-    pub fn new(nranks: usize, slots: usize) -> Carry {
-        Carry {
-            slots,
-            peers: vec![PeerCarry::default(); nranks],
-        }
-    }
-
-    /// Chunks sent to `peer` so far (0 for a rank out of range).
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
-    pub fn chunks_to(&self, peer: usize) -> u64 {
-        self.peers.get(peer).map_or(0, |p| p.out)
-    }
 }
 
 /// Plans rank `me`'s part of a group over the network: as [`plan`], but with the pairs' slots

@@ -29,6 +29,7 @@
 //! ([`crate::Error::Network`]). UCX is loaded at run time ([`ucp`]); building ringccl needs
 //! none.
 
+mod carry;
 pub mod pinned;
 pub mod proxy;
 pub mod ucp;
@@ -38,8 +39,8 @@ mod tests;
 
 use std::sync::atomic::AtomicU64;
 
-use crate::plan::p2p::{Carry, NET_SLOTS};
 use crate::{Error, Result};
+pub use carry::{Carry, NET_SLOTS};
 use proxy::Proxy;
 
 /// A rank's side of the network path: its proxy (over its [`NetMem`]) and the per-pair signal
@@ -54,8 +55,7 @@ pub struct NetRank {
     pub sent: Vec<u64>,
     /// Signals each rank has sent to this rank so far.
     pub received: Vec<u64>,
-    /// Where each pair's next chunks go and what frees their slots
-    /// ([`crate::plan::p2p::plan_net`]).
+    /// Where each pair's next chunks go and what frees their slots (`plan::p2p::plan_net`).
     pub carry: Carry,
     /// Set when a group failed half-issued: the counters no longer agree with the peers'.
     pub broken: bool,

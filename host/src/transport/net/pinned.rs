@@ -78,8 +78,8 @@ pub fn pinned(
     })
 }
 
-/// Bytes of a rank's network scratch (and outbox): `plan::p2p::NET_SLOTS` slots per peer (1 MiB
-/// chunks between two ranks).
+/// Bytes of a rank's network scratch (and outbox): [`NET_SLOTS`](super::NET_SLOTS) slots per
+/// peer (1 MiB chunks between two ranks).
 pub const NET_SCRATCH_BYTES: usize = 16 << 20;
 
 impl super::NetRank {

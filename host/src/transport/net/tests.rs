@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use super::proxy::{frame_addresses, NetOptions, Outgoing, Proxy, DEFAULT_LANES};
 use super::ucp::{Context, Ucp, Worker};
-use super::{outbox_offset, NetMem};
+use super::{outbox_offset, Carry, NetMem, NET_SLOTS};
 use crate::exec::net::program;
 use crate::plan::net::ring_groups;
 use crate::bootstrap::Bootstrap;
-use crate::plan::p2p::{plan_net, slot_bytes, Action, Carry, Chunks, Dir, P2pOp, P2pPlan, Place, NET_SLOTS};
+use crate::plan::p2p::{plan_net, slot_bytes, Action, Chunks, Dir, P2pOp, P2pPlan, Place};
 use crate::transport::ipc::Exchange;
 use crate::{Error, Result, UniqueId};
 
