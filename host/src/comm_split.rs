@@ -289,12 +289,23 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn shrink_aborting(&self, exclude: &[usize]) -> Result<Communicator> {
+        self.shrink_aborting_begin(exclude)?.finish()
+    }
+
+    /// [`Communicator::shrink_aborting`] in two steps, as [`Communicator::split_begin`].
+    ///
+    /// ```no_run
+    /// # let comm = ringccl::Communicator::from_env()?;
+    /// let child = comm.shrink_aborting_begin(&[0])?.finish()?;
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn shrink_aborting_begin(&self, exclude: &[usize]) -> Result<PendingCommunicator> {
         // Validate first: an invalid call aborts nothing.
         let pending = self.shrink_plan(exclude)?;
         // A drain that times out leaves work of the caller's own on the parent's streams; the
         // child does not depend on it.
         let _ = self.abort();
-        pending()?.finish()
+        pending()
     }
 
     /// [`Communicator::shrink`] in two steps, as [`Communicator::split_begin`].
