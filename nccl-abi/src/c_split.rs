@@ -126,11 +126,11 @@ pub unsafe extern "C" fn ncclCommSplit(
         if newcomm.is_null() {
             return Err(Fail::arg("newcomm is NULL"));
         }
+        let (_, m) = parent(comm, "ncclCommSplit")?;
         // SAFETY: checked non-null; the caller's contract. NULL until the split is complete.
         unsafe { newcomm.write(std::ptr::null_mut()) };
         // SAFETY: the caller's contract.
         let blocking = unsafe { child_blocking(config, h) }?;
-        let (_, m) = parent(comm, "ncclCommSplit")?;
         let color = (color != NCCL_SPLIT_NOCOLOR).then_some(color);
         crate::debug::info(|| format!("ncclCommSplit: rank {} color {color:?} key {key}", m.rank));
         match m.world.comm.split_begin(color, key).map_err(Fail::from)? {
@@ -190,10 +190,6 @@ pub unsafe extern "C" fn ncclCommShrink(
         // SAFETY: non-null; the caller passes `count` ints.
         let list = unsafe { std::slice::from_raw_parts_mut(exclude_ranks_list, count) };
         list.sort_unstable();
-        // SAFETY: checked non-null; the caller's contract. NULL until the shrink is complete.
-        unsafe { newcomm.write(std::ptr::null_mut()) };
-        // SAFETY: the caller's contract.
-        let blocking = unsafe { child_blocking(config, h) }?;
         let (_, m) = parent(comm, "ncclCommShrink")?;
         let n = m.world.comm.nranks();
         let exclude =
@@ -210,6 +206,10 @@ pub unsafe extern "C" fn ncclCommShrink(
                 m.rank
             )));
         }
+        // SAFETY: checked non-null; the caller's contract. NULL until the shrink is complete.
+        unsafe { newcomm.write(std::ptr::null_mut()) };
+        // SAFETY: the caller's contract.
+        let blocking = unsafe { child_blocking(config, h) }?;
         let comm = &m.world.comm;
         let pending = if shrink_flags & NCCL_SHRINK_ABORT != 0 {
             comm.shrink_aborting_begin(&exclude)
