@@ -43,8 +43,12 @@ pub struct PendingCommunicator {
 enum Pending {
     /// A rank of a job of processes: its place in the child world, on `device`.
     Process { split: PendingSplit, device: usize },
-    /// Every rank in this process: the child's devices in rank order.
-    Local { ordinals: Vec<usize> },
+    /// Every rank in this process: the child's devices and their parent ranks, in child rank
+    /// order.
+    Local {
+        ordinals: Vec<usize>,
+        ranks: Vec<usize>,
+    },
 }
 
 impl PendingCommunicator {
@@ -59,13 +63,11 @@ impl PendingCommunicator {
     pub fn nranks(&self) -> usize {
         match &self.how {
             Pending::Process { split, .. } => split.members().len(),
-            Pending::Local { ordinals } => ordinals.len(),
+            Pending::Local { ordinals, .. } => ordinals.len(),
         }
     }
 
-    /// The parent's ranks of the child's ranks, in child rank order (for a rank of a job of
-    /// processes; for a communicator of this process, the devices are in
-    /// [`Communicator::ordinal`] order of the child).
+    /// The parent's ranks of the child's ranks, in child rank order.
     ///
     /// ```no_run
     /// # let comm = ringccl::Communicator::from_env()?;
@@ -76,7 +78,7 @@ impl PendingCommunicator {
     pub fn parent_ranks(&self) -> Vec<usize> {
         match &self.how {
             Pending::Process { split, .. } => split.members().to_vec(),
-            Pending::Local { .. } => Vec::new(),
+            Pending::Local { ranks, .. } => ranks.clone(),
         }
     }
 
@@ -96,7 +98,7 @@ impl PendingCommunicator {
                 let rank = boot.rank();
                 Communicator::from_bootstrap(boot, rank, device, self.config)
             }
-            Pending::Local { ordinals } => Communicator::with_config(&ordinals, self.config),
+            Pending::Local { ordinals, .. } => Communicator::with_config(&ordinals, self.config),
         }
     }
 }
@@ -244,7 +246,7 @@ impl Communicator {
                 Ok((
                     c,
                     PendingCommunicator {
-                        how: Pending::Local { ordinals },
+                        how: Pending::Local { ordinals, ranks },
                         config,
                     },
                 ))
@@ -367,6 +369,7 @@ impl Communicator {
                 config: self.child_config(stay.len())?,
                 how: Pending::Local {
                     ordinals: stay.iter().map(|&r| self.ordinal(r)).collect(),
+                    ranks: stay,
                 },
             }),
         })

@@ -215,6 +215,36 @@ fn split_rank() {
         }
     }
 
+    // In two steps: the child is built in another thread while the parent runs a call.
+    let pending = world
+        .split_begin(Some(0), 0)
+        .expect("split_begin")
+        .expect("a color was given");
+    assert_eq!(pending.parent_ranks(), all);
+    let builder = std::thread::spawn(move || pending.finish());
+    bad += wrong(issue(
+        &world,
+        rank,
+        rank,
+        &all,
+        4099,
+        &format!("rank {rank}: parent while building"),
+    ));
+    let copy = builder
+        .join()
+        .expect("the building thread")
+        .expect("finish");
+    for &c in &COUNTS {
+        bad += wrong(issue(
+            &copy,
+            rank,
+            rank,
+            &all,
+            c,
+            &format!("rank {rank}: built in a thread"),
+        ));
+    }
+
     // Shrink without rank 0: it does not call shrink and goes on with the parent.
     if rank != 0 && n > 1 {
         let shrunk = world.shrink(&[0]).expect("shrink");
