@@ -380,7 +380,20 @@ impl Communicator {
             ));
         }
         config.check(nranks)?;
-        let mut boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
+        let boot = Bootstrap::join(id, nranks, rank, config.bootstrap_timeout)?;
+        Self::from_bootstrap(boot, rank, device, config)
+    }
+
+    /// The process communicator of `rank` on `device` over an already joined bootstrap (its
+    /// `nranks` is the communicator's): a collective over the bootstrap's ranks. The caller
+    /// has checked the device and `config` for that many ranks.
+    pub(crate) fn from_bootstrap(
+        mut boot: Bootstrap,
+        rank: usize,
+        device: usize,
+        config: Config,
+    ) -> Result<Communicator> {
+        let nranks = boot.nranks();
         let res = RankResources::new(rank, device, &config)?;
         // With the network path, ranks on other machines are reached over it only.
         let machine = machine_id(config.host_id.as_deref());

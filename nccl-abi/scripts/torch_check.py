@@ -379,6 +379,75 @@ def child_checks(rank, failures):
     return lines
 
 
+def subgroups(rank, world, dev, results, failures):
+    """dist.new_group with 1, 2 and 4 ranks and init_device_mesh("cuda", (2, 2)), each group's
+    all-reduce interleaved with the default group's. The default group is bound to a device
+    (init_process_group(..., device_id=...)), so PyTorch makes every sub-group's communicator
+    with ncclCommSplit, the ranks outside a group with NCCL_SPLIT_NOCOLOR. Returns a status
+    line."""
+    n = 1000
+
+    def want(ranks, dtype=torch.float32):
+        return sum(inputs(r, n, dtype, "cpu").to(torch.float64) for r in ranks)
+
+    def reduce_in(name, ranks, group):
+        # The group's all-reduce and the default group's, both in flight before either waits.
+        t = inputs(rank, n, torch.float32, dev)
+        u = inputs(rank, n, torch.float32, dev)
+        a = dist.all_reduce(t, group=group, async_op=True)
+        b = dist.all_reduce(u, async_op=True)
+        a.wait()
+        b.wait()
+        check(f"{name}/all_reduce", t, want(ranks), results, failures, 0)
+        check(f"{name}/world_all_reduce", u, want(range(world)), results, failures, 0)
+
+    made = 0
+    # new_group is collective over the world: every rank makes every group, in the same order.
+    pairs = [list(range(i, min(i + 2, world))) for i in range(0, world, 2)]
+    groups = [dist.new_group(p) for p in pairs]
+    made += len(groups)
+    for p, g in zip(pairs, groups):
+        if rank in p:
+            reduce_in(f"new_group{p}", p, g)
+            out = torch.empty(len(p) * n, device=dev)
+            dist.all_gather_into_tensor(out, inputs(rank, n, torch.float32, dev), group=g)
+            check(f"new_group{p}/all_gather", out, torch.cat([inputs(r, n, torch.float32, "cpu") for r in p]),
+                  results, failures, 0)
+    # A group of rank 0 alone: every other rank takes part with NCCL_SPLIT_NOCOLOR.
+    solo = dist.new_group([0])
+    made += 1
+    if rank == 0:
+        t = inputs(0, n, torch.float32, dev)
+        dist.all_reduce(t, group=solo)
+        check("new_group[0]/all_reduce", t, want([0]), results, failures, 0)
+    if world >= 4:
+        four = [0, 1, 2, 3]
+        g4 = dist.new_group(four)
+        made += 1
+        if rank in four:
+            reduce_in("new_group[0, 1, 2, 3]", four, g4)
+    if world == 4:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cuda", (2, 2))
+        made += 2
+        # The mesh is arange(4).view(2, 2): dimension 0 groups the columns, 1 the rows.
+        col = [rank % 2, rank % 2 + 2]
+        row = [rank // 2 * 2, rank // 2 * 2 + 1]
+        reduce_in("mesh(2,2)/dim0", col, mesh.get_group(0))
+        reduce_in("mesh(2,2)/dim1", row, mesh.get_group(1))
+    torch.cuda.synchronize()
+    splits = "unknown"
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+        splits = backend.comm_split_count()
+        # Rank 0 is in a group smaller than the world, which must come from a split.
+        if rank == 0 and splits < 1:
+            failures.append(f"subgroups: the default group made no ncclCommSplit ({made} groups)")
+    except (AttributeError, RuntimeError):
+        pass
+    return f"ok ({made} groups, {splits} splits of the default group)"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -395,7 +464,8 @@ def main():
     # Several ranks may share a GPU (under MPS): rank r uses GPU LOCAL_RANK % the GPUs seen.
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl")
+    # Bound to the device, as PyTorch recommends: sub-groups are then made with ncclCommSplit.
+    dist.init_process_group("nccl", device_id=dev)
     lib = library_name()
     os.makedirs(args.out, exist_ok=True)
     results, failures = {}, []
@@ -431,15 +501,20 @@ def main():
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - recorded, reported
         p2p = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    try:
+        groups = subgroups(rank, world, dev, results, failures)
+    except Exception as e:  # noqa: BLE001 - recorded, reported
+        groups = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        failures.append(f"subgroups: {groups}")
     # PreMulSum and the child jobs last: a library that refuses them must not take the rest down.
     premul = premul_sum(rank, world, dev, results, failures)
     children = [] if args.skip_children else child_checks(rank, failures)
     torch.save({"lib": lib, "results": results, "failures": failures, "losses": losses, "params": params,
-                "timing": rows, "p2p": p2p, "a2a": a2a, "premul": premul, "children": children},
+                "timing": rows, "p2p": p2p, "a2a": a2a, "groups": groups, "premul": premul, "children": children},
                os.path.join(args.out, f"rank{rank}.pt"))
     print(f"[rank {rank}] {lib}: {len(results)} results checked, {len(failures)} failed "
           f"({t1 - t0:.1f} s); DDP 50 steps loss {losses[0]:.4f} -> {losses[-1]:.4f} ({t2 - t1:.1f} s); "
-          f"timing {t3 - t2:.1f} s; all_to_all: {a2a}; send/recv: {p2p}", flush=True)
+          f"timing {t3 - t2:.1f} s; all_to_all: {a2a}; send/recv: {p2p}; sub-groups: {groups}", flush=True)
     for line in premul:
         print(f"[rank {rank}] premul {line}", flush=True)
     for line in children:

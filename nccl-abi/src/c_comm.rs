@@ -1,5 +1,5 @@
 //! The C entry points for communicators: creation (`ncclCommInitRank*`, `ncclCommInitAll`,
-//! `ncclCommSplit`…), teardown (`ncclCommFinalize`, `ncclCommDestroy`, `ncclCommAbort`),
+//! `ncclCommSplit` and the others of `c_split`), teardown (`ncclCommFinalize`, `ncclCommDestroy`, `ncclCommAbort`),
 //! queries, buffer registration and memory (`ncclMemAlloc`), and reduction operators. Each
 //! checks its C arguments and calls [`crate::comm`] inside [`guard`].
 
@@ -19,7 +19,7 @@ use crate::{cuda, debug, group, ops, regs};
 /// # Safety
 ///
 /// `out` NULL or valid to write; `config` as for [`blocking`].
-unsafe fn init_rank(
+pub(crate) unsafe fn init_rank(
     out: *mut ncclComm_t,
     nranks: c_int,
     id: &ncclUniqueId,
@@ -161,41 +161,6 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     })
 }
 
-/// `ncclCommInitRankScalable`: as [`ncclCommInitRankConfig`]; ringccl's rendezvous needs one
-/// root, so the first of the `n_id` ids is used (every rank gets the same array).
-///
-/// # Safety
-///
-/// `newcomm` NULL or valid to write; `comm_ids` NULL or `n_id` ids; `config` as above.
-///
-/// ```
-/// use ringccl_nccl::*;
-/// use std::ptr::null_mut;
-/// let mut comm = null_mut();
-/// // SAFETY: no ids: refused.
-/// assert_eq!(unsafe { ncclCommInitRankScalable(&mut comm, 2, 0, 0, null_mut(), null_mut()) }, 4);
-/// ```
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommInitRankScalable(
-    newcomm: *mut ncclComm_t,
-    nranks: c_int,
-    myrank: c_int,
-    n_id: c_int,
-    comm_ids: *mut ncclUniqueId,
-    config: *mut ncclConfig_t,
-) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclCommInitRankScalable", || {
-        if comm_ids.is_null() || n_id < 1 {
-            return Err(Fail::arg(format!("commIds is NULL or nId {n_id} < 1")));
-        }
-        // SAFETY: non-null; the caller passes `n_id` >= 1 ids.
-        let id = unsafe { *comm_ids };
-        // SAFETY: the caller's contract.
-        unsafe { init_rank(newcomm, nranks, &id, myrank, config) }
-    })
-}
-
 /// `ncclCommInitAll`: one communicator of `ndev` ranks in this process, rank `i` on device
 /// `devlist[i]` (or `i` when `devlist` is NULL); `comms[i]` is rank `i`.
 ///
@@ -245,74 +210,6 @@ pub unsafe extern "C" fn ncclCommInitAll(
             unsafe { comms.add(rank).write(h) };
         }
         Ok(())
-    })
-}
-
-/// `ncclCommSplit`: not supported (`ncclInvalidUsage`).
-///
-/// # Safety
-///
-/// None of the pointers is read.
-///
-/// ```
-/// use ringccl_nccl::*;
-/// use std::ptr::null_mut;
-/// let mut out = null_mut();
-/// // SAFETY: nothing is read.
-/// assert_eq!(unsafe { ncclCommSplit(null_mut(), 0, 0, &mut out, null_mut()) }, 5); // ncclInvalidUsage
-/// ```
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommSplit(
-    comm: ncclComm_t,
-    color: c_int,
-    key: c_int,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig_t,
-) -> ncclResult_t {
-    let _ = (comm, color, key, newcomm, config);
-    guard("ncclCommSplit", || {
-        Err(Fail::unsupported(
-            "ncclCommSplit",
-            "create the new communicator with ncclGetUniqueId and ncclCommInitRank",
-        ))
-    })
-}
-
-/// `ncclCommShrink`: not supported (`ncclInvalidUsage`).
-///
-/// # Safety
-///
-/// None of the pointers is read.
-///
-/// ```
-/// use ringccl_nccl::*;
-/// use std::ptr::null_mut;
-/// let mut out = null_mut();
-/// // SAFETY: nothing is read.
-/// assert_eq!(unsafe { ncclCommShrink(null_mut(), null_mut(), 0, &mut out, null_mut(), 0) }, 5);
-/// ```
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommShrink(
-    comm: ncclComm_t,
-    exclude_ranks_list: *mut c_int,
-    exclude_ranks_count: c_int,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig_t,
-    shrink_flags: c_int,
-) -> ncclResult_t {
-    let _ = (
-        comm,
-        exclude_ranks_list,
-        exclude_ranks_count,
-        newcomm,
-        config,
-        shrink_flags,
-    );
-    guard("ncclCommShrink", || {
-        Err(Fail::unsupported(
-            "ncclCommShrink",
-            "create the new communicator with ncclGetUniqueId and ncclCommInitRank",
-        ))
     })
 }
 

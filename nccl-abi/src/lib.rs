@@ -10,11 +10,11 @@
 //!   `ringccl: `), in the banner printed with `NCCL_DEBUG=VERSION` (or `INFO`), and through the
 //!   extra symbol `ringcclGetVersionString`.
 //! * No panic crosses into C: every entry point runs in [`error::guard`].
-//! * The entry points are in `c_comm` (communicators, memory, operators) and `c_coll` (groups,
-//!   collectives, send/recv), re-exported here; they check their C arguments and call the
-//!   implementation. Its modules depend on each other one way: `queue` (queued calls, plain
-//!   data), `ops` (reduction operators), `regs` (registrations) ← `comm` (handles) ← `group`
-//!   (the thread's group) ← `coll` (issuing).
+//! * The entry points are in `c_comm` (communicators, memory, operators), `c_split` (split,
+//!   shrink, scalable init) and `c_coll` (groups, collectives, send/recv), re-exported here;
+//!   they check their C arguments and call the implementation. Its modules depend on each
+//!   other one way: `queue` (queued calls, plain data), `ops` (reduction operators), `regs`
+//!   (registrations) ← `comm` (handles) ← `group` (the thread's group) ← `coll` (issuing).
 //! * A function ringccl cannot honour returns `ncclInvalidUsage` and says why in
 //!   `ncclGetLastError`; the table of what is supported is in `docs/NCCL_ABI.md`.
 //!
@@ -34,6 +34,7 @@
 
 mod c_coll;
 mod c_comm;
+mod c_split;
 mod coll;
 mod comm;
 mod cuda;
@@ -54,6 +55,7 @@ use crate::types::*;
 
 pub use c_coll::*;
 pub use c_comm::*;
+pub use c_split::*;
 
 /// `struct ncclComm`: opaque to C and to Rust callers (a ringccl rank behind it).
 #[repr(C)]

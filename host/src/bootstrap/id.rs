@@ -331,7 +331,7 @@ fn advertised_ip(v6: bool) -> IpAddr {
 
 /// 64 random bits from the operating system; if that fails, a hash of the time and the
 /// process id seeded by `std`'s per-process random state.
-fn random_key() -> u64 {
+pub(super) fn random_key() -> u64 {
     getrandom::u64().unwrap_or_else(|_| {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u128(

@@ -196,7 +196,7 @@ fn parse_table(
 
 /// The full mesh: this rank connects to every lower rank and accepts every higher one (in a
 /// second thread, so that no listen backlog fills up).
-fn mesh(
+pub(super) fn mesh(
     listener: TcpListener,
     table: &[SocketAddr],
     key: u64,

@@ -37,9 +37,9 @@
 //! * **failure** (root → rank): a [`BootstrapFailure`] code (u8), then a UTF-8 message.
 //! * **peer hello** (rank → lower rank, once per connection): key (u64), nranks (u32), rank
 //!   (u32).
-//! * **data** (rank → rank): an operation tag (u8: 1 all-gather, 2 barrier, 3 send, 4 goodbye: the rank ends
-//!   normally, see `Bootstrap::goodbye`), then the
-//!   bytes. A tag other than the one expected is [`BootstrapFailure::Protocol`]: the ranks
+//! * **data** (rank → rank): an operation tag (u8: 1 all-gather, 2 barrier, 3 send, 4 the
+//!   exchange of a shrink (a split's exchange is an all-gather), 5 goodbye: the rank ends
+//!   normally, see `Bootstrap::goodbye`), then the bytes. A tag other than the one expected is [`BootstrapFailure::Protocol`]: the ranks
 //!   called different operations.
 //!
 //! # The rendezvous
@@ -76,6 +76,7 @@ mod join;
 mod launch;
 mod root;
 mod watch;
+mod split;
 mod wire;
 
 use std::fmt;
@@ -88,6 +89,7 @@ pub use crate::error::BootstrapFailure;
 pub use id::{UniqueId, UNIQUE_ID_BYTES};
 pub use launch::{LaunchEnv, RENDEZVOUS_PORT_OFFSET};
 pub use watch::{PeerSockets, Watcher};
+pub use split::PendingSplit;
 pub use wire::{MAX_DATA, MAX_RANKS};
 
 use wire::{fail, frame, io_fail, read_frame, write_all_by, Deadline, KIND_DATA};
@@ -99,8 +101,10 @@ const OP_ALL_GATHER: u8 = 1;
 const OP_BARRIER: u8 = 2;
 /// Data tag of [`Bootstrap::send`].
 const OP_SEND: u8 = 3;
+/// Data tag of the exchanges of [`Bootstrap::split`] and [`Bootstrap::shrink`].
+const OP_SPLIT: u8 = 4;
 /// Data tag of [`Bootstrap::goodbye`].
-const OP_GOODBYE: u8 = 4;
+const OP_GOODBYE: u8 = 5;
 
 fn op_name(op: u8) -> &'static str {
     match op {
@@ -108,6 +112,7 @@ fn op_name(op: u8) -> &'static str {
         OP_BARRIER => "barrier",
         OP_SEND => "send/recv",
         OP_GOODBYE => "goodbye",
+        OP_SPLIT => "split/shrink",
         _ => "an unknown operation",
     }
 }
@@ -145,6 +150,9 @@ pub struct Bootstrap {
     rank: usize,
     nranks: usize,
     timeout: Duration,
+    /// The world's key (the id's, or for a split world one derived from its parent's): every
+    /// peer hello carries it.
+    key: u64,
     state: Mutex<State>,
 }
 
@@ -190,10 +198,23 @@ impl Bootstrap {
             ));
         }
         let peers = join::connect_world(id, nranks, rank, deadline)?;
+        Bootstrap::connected(rank, nranks, timeout, id.key(), peers, deadline)
+    }
+
+    /// A world whose mesh is built: ends with a barrier over it, as every join does.
+    fn connected(
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+        key: u64,
+        peers: Vec<Option<TcpStream>>,
+        deadline: Deadline,
+    ) -> Result<Bootstrap> {
         let b = Bootstrap {
             rank,
             nranks,
             timeout,
+            key,
             state: Mutex::new(State {
                 peers,
                 broken: None,

@@ -195,3 +195,220 @@ fn a_broken_bootstrap_keeps_returning_its_error() {
     assert_eq!(b0.all_gather(b"y").unwrap_err(), e);
     drop(b1);
 }
+
+/// `n` joined ranks (threads), with `timeout`.
+fn world(n: usize, timeout: Duration) -> Vec<Bootstrap> {
+    let id = loopback_id();
+    let joins: Vec<_> = (0..n)
+        .map(|r| thread::spawn(move || Bootstrap::join(&id, n, r, timeout)))
+        .collect();
+    joins.into_iter().map(|j| j.join().unwrap().unwrap()).collect()
+}
+
+/// Runs `f` on every rank of `boots` in its own thread; the results in rank order.
+fn on_each<T: Send>(boots: &[Bootstrap], f: impl Fn(&Bootstrap) -> T + Sync) -> Vec<T> {
+    thread::scope(|s| {
+        let f = &f;
+        let joins: Vec<_> = boots.iter().map(|b| s.spawn(move || f(b))).collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+/// Each child's (rank, nranks, the parent ranks of its members as seen by an all-gather).
+fn describe(child: &Option<Bootstrap>, parent_rank: usize) -> Option<(usize, usize, Vec<usize>)> {
+    child.as_ref().map(|c| {
+        let all = c.all_gather(&(parent_rank as u32).to_be_bytes()).unwrap();
+        let members = all
+            .iter()
+            .map(|b| u32::from_be_bytes(b[..4].try_into().unwrap()) as usize)
+            .collect();
+        (c.rank(), c.nranks(), members)
+    })
+}
+
+#[test]
+fn splits_of_2_to_8_ranks_order_by_key_then_parent_rank() {
+    for n in 2..=8usize {
+        let boots = world(n, Duration::from_secs(10));
+        // Three colors (rank % 3), rank n-1 without a color; keys descending by halves, so
+        // that pairs of ranks tie and the tie goes to the lower parent rank.
+        let color = |r: usize| (r + 1 != n || n == 2).then_some((r % 3) as i32 - 1);
+        let key = |r: usize| ((n - r) / 2) as i32;
+        let got = on_each(&boots, |b| {
+            let r = b.rank();
+            let child = b.split(color(r), key(r)).unwrap();
+            describe(&child, r)
+        });
+        for (r, g) in got.iter().enumerate() {
+            let Some(c) = color(r) else {
+                assert!(g.is_none(), "n {n} rank {r}: no color, no child");
+                continue;
+            };
+            let mut expect: Vec<usize> = (0..n).filter(|&p| color(p) == Some(c)).collect();
+            expect.sort_by_key(|&p| (key(p), p));
+            let pos = expect.iter().position(|&p| p == r).unwrap();
+            assert_eq!(*g, Some((pos, expect.len(), expect.clone())), "n {n} rank {r}");
+        }
+        // The parent is still usable, and its ranks still agree on its operations.
+        let gathered = on_each(&boots, |b| b.all_gather(&[b.rank() as u8]).unwrap());
+        for g in gathered {
+            assert_eq!(g, (0..n).map(|r| vec![r as u8]).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn a_negative_color_other_than_none_is_a_color_and_keys_may_be_negative() {
+    let boots = world(4, Duration::from_secs(5));
+    let got = on_each(&boots, |b| {
+        let r = b.rank();
+        describe(&b.split(Some(-7), -(r as i32)).unwrap(), r)
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        assert_eq!(g, Some((3 - r, 4, vec![3, 2, 1, 0])));
+    }
+}
+
+#[test]
+fn two_splits_in_a_row_and_a_split_of_a_child() {
+    let boots = world(4, Duration::from_secs(5));
+    let got = on_each(&boots, |b| {
+        let r = b.rank();
+        let halves = b.split(Some((r / 2) as i32), 0).unwrap().unwrap();
+        let pairs = b.split(Some((r % 2) as i32), 0).unwrap().unwrap();
+        // The two children and the parent interleave.
+        let a = halves.all_gather(&[r as u8]).unwrap();
+        b.barrier().unwrap();
+        let p = pairs.all_gather(&[r as u8]).unwrap();
+        let grand = halves.split(Some(0), -(halves.rank() as i32)).unwrap().unwrap();
+        let g = grand.all_gather(&[r as u8]).unwrap();
+        (a, p, g)
+    });
+    for (r, (a, p, g)) in got.into_iter().enumerate() {
+        let half: Vec<Vec<u8>> = (0..2).map(|i| vec![(r / 2 * 2 + i) as u8]).collect();
+        assert_eq!(a, half);
+        assert_eq!(p, vec![vec![(r % 2) as u8], vec![(r % 2 + 2) as u8]]);
+        let mut rev = half.clone();
+        rev.reverse();
+        assert_eq!(g, rev);
+    }
+}
+
+#[test]
+fn every_rank_without_a_color_gets_nothing_and_the_parent_goes_on() {
+    let boots = world(3, Duration::from_secs(5));
+    let got = on_each(&boots, |b| {
+        let none = b.split(None, 0).unwrap().is_none();
+        b.barrier().unwrap();
+        none
+    });
+    assert_eq!(got, [true, true, true]);
+}
+
+#[test]
+fn a_split_of_one_rank() {
+    let boots = world(1, Duration::from_secs(5));
+    let child = boots[0].split(Some(0), 5).unwrap().unwrap();
+    assert_eq!((child.rank(), child.nranks()), (0, 1));
+    assert!(boots[0].split(None, 0).unwrap().is_none());
+}
+
+#[test]
+fn a_rank_that_calls_something_else_than_split_is_a_protocol_error() {
+    let boots = world(2, Duration::from_secs(3));
+    let got = on_each(&boots, |b| match b.rank() {
+        0 => b.split(Some(0), 0).map(drop),
+        _ => b.all_gather(b"x").map(drop),
+    });
+    // Rank 1's all-gather gets rank 0's split entry: it receives the bytes (all-gather
+    // carries anything); rank 0 gets bytes that are not a split entry.
+    assert_eq!(failure(&got[0]), BootstrapFailure::Protocol, "{:?}", got[0]);
+    assert!(format!("{:?}", got[0]).contains("split"));
+}
+
+#[test]
+fn a_member_that_leaves_after_the_exchange_is_a_bounded_error_naming_the_world() {
+    let boots = world(3, Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let got = on_each(&boots, |b| {
+        let pending = b.split_exchange(Some(0), 0).unwrap().unwrap();
+        if b.rank() == 1 {
+            drop(pending); // its listener closes: it never joins the child
+            return Ok(None);
+        }
+        pending.connect().map(Some)
+    });
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    for r in [0, 2] {
+        let f = failure(&got[r]);
+        assert!(matches!(f, BootstrapFailure::PeerLost | BootstrapFailure::Timeout), "{:?}", got[r]);
+        let text = format!("{}", got[r].as_ref().unwrap_err());
+        assert!(text.contains("parent's ranks [0, 1, 2]"), "{text}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_splits_times_the_others_out() {
+    let boots = world(3, Duration::from_millis(800));
+    let t0 = Instant::now();
+    let got = on_each(&boots, |b| match b.rank() {
+        2 => Ok(None),
+        _ => b.split(Some(0), 0),
+    });
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    for r in [0, 1] {
+        assert_eq!(failure(&got[r]), BootstrapFailure::Timeout, "{:?}", got[r]);
+    }
+}
+
+#[test]
+fn shrink_leaves_out_the_excluded_ranks_without_contacting_them() {
+    for n in 2..=6usize {
+        let mut boots = world(n, Duration::from_secs(5));
+        // The excluded ranks are gone altogether: their connections are closed.
+        let exclude: Vec<usize> = (0..n).filter(|r| r % 3 == 1).collect();
+        for &r in exclude.iter().rev() {
+            drop(boots.remove(r));
+        }
+        let mut list = exclude.clone();
+        list.reverse();
+        list.push(exclude[0]); // order and repeats do not matter
+        let got = on_each(&boots, |b| {
+            let c = Some(b.shrink(&list).unwrap());
+            describe(&c, b.rank())
+        });
+        let stay: Vec<usize> = (0..n).filter(|r| !exclude.contains(r)).collect();
+        for (i, g) in got.into_iter().enumerate() {
+            assert_eq!(g, Some((i, stay.len(), stay.clone())), "n {n}");
+        }
+    }
+}
+
+#[test]
+fn shrink_arguments_are_checked() {
+    let boots = world(1, Duration::from_secs(5));
+    for bad in [&[][..], &[0], &[1]] {
+        let e = boots[0].shrink(bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { arg: Arg::Ranks, .. }), "{e}");
+    }
+}
+
+#[test]
+fn ranks_that_shrink_with_different_lists_are_told() {
+    let boots = world(4, Duration::from_secs(2));
+    let t0 = Instant::now();
+    let got = on_each(&boots, |b| match b.rank() {
+        0 => b.shrink(&[3]).map(drop),
+        1 => b.shrink(&[3, 3]).map(drop), // the same list
+        2 => b.shrink(&[3, 1]).map(drop),
+        _ => Ok(()), // excluded: does not call
+    });
+    assert!(t0.elapsed() < Duration::from_secs(4));
+    // Ranks 0 and 2 read each other's entries: each is told; rank 1 waits for rank 2, which
+    // does not count it in, and is told by the deadline.
+    for r in [0, 2] {
+        assert_eq!(failure(&got[r]), BootstrapFailure::Protocol, "{:?}", got[r]);
+        assert!(format!("{:?}", got[r]).contains("another list"), "{:?}", got[r]);
+    }
+    assert!(got[1].is_err());
+}

@@ -122,6 +122,37 @@ static int starts_with(const char *s, const char *prefix) {
   return s != NULL && strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* ncclCommSplit, ncclCommShrink, ncclCommInitRankScalable: what is checked before any
+ * communicator exists (the rest needs GPUs: tests/tests/split.rs). NCCL has no "bad color":
+ * every value but NCCL_SPLIT_NOCOLOR is a color. */
+static void split_checks(ncclComm_t bogus, ncclUniqueId good) {
+  _Static_assert(NCCL_SPLIT_NOCOLOR == -1, "NCCL_SPLIT_NOCOLOR");
+  _Static_assert(NCCL_SHRINK_DEFAULT == 0 && NCCL_SHRINK_ABORT == 1, "shrink flags");
+  int y = 0;
+  ncclComm_t untouched = (ncclComm_t)&y;
+  ncclComm_t out = untouched;
+  CHECK(ncclCommSplit(NULL, 0, 0, &out, NULL) == ncclInvalidArgument, "split NULL comm");
+  CHECK(ncclCommSplit(bogus, 0, 0, &out, NULL) == ncclInvalidArgument, "split bogus comm");
+  CHECK(strstr(ncclGetLastError(NULL), "not a communicator") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(ncclCommSplit(bogus, NCCL_SPLIT_NOCOLOR, 0, &out, NULL) == ncclInvalidArgument, "split nocolor bogus");
+  CHECK(ncclCommSplit(bogus, -5, 3, NULL, NULL) == ncclInvalidArgument, "split NULL newcomm");
+  CHECK(out == untouched, "newcomm written by a refused split");
+  int list[2] = {3, 1};
+  CHECK(ncclCommShrink(NULL, list, 2, &out, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument, "shrink NULL comm");
+  CHECK(ncclCommShrink(bogus, list, 2, &out, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument, "shrink bogus");
+  CHECK(ncclCommShrink(bogus, NULL, 0, &out, NULL, NCCL_SHRINK_ABORT) == ncclInvalidArgument, "shrink NULL list");
+  CHECK(out == untouched, "newcomm written by a refused shrink");
+  ncclUniqueId ids[2];
+  memset(ids, 0, sizeof ids);
+  ids[0] = good;
+  CHECK(ncclCommInitRankScalable(&out, 2, 0, 0, ids, NULL) == ncclInvalidArgument, "scalable nId 0");
+  CHECK(ncclCommInitRankScalable(&out, 2, 0, 1, NULL, NULL) == ncclInvalidArgument, "scalable NULL ids");
+  CHECK(ncclCommInitRankScalable(&out, 2, 0, 2, ids, NULL) == ncclInvalidArgument, "scalable bad second id");
+  CHECK(strstr(ncclGetLastError(NULL), "commIds[1]") != NULL, "'%s'", ncclGetLastError(NULL));
+  CHECK(ncclCommInitRankScalable(&out, 2, 2, 1, ids, NULL) == ncclInvalidArgument, "scalable rank 2 of 2");
+  CHECK(out == untouched, "newcomm written by a refused scalable init");
+}
+
 int main(void) {
   take_addresses();
 
@@ -242,9 +273,7 @@ int main(void) {
   CHECK(ncclGroupEnd() == ncclSuccess, "a clean group after a failed one");
 
   /* What ringccl does not support says so. */
-  ncclComm_t split = NULL;
-  CHECK(ncclCommSplit(bogus, 0, 0, &split, NULL) == ncclInvalidUsage, "split");
-  CHECK(ncclCommShrink(bogus, NULL, 0, &split, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidUsage, "shrink");
+  split_checks(bogus, a);
   CHECK(ncclDevCommCreate(bogus, NULL, NULL) == ncclInvalidUsage, "devcomm");
   CHECK(ncclDevCommDestroy(bogus, NULL) == ncclInvalidUsage, "devcomm destroy");
 

@@ -31,9 +31,12 @@ use super::NetMem;
 use crate::transport::ipc::Exchange;
 use crate::{Error, Result};
 pub use lanes::{deal, Chunk, Dealt, Outgoing, Turn};
+// Public for ringccl's own tests and tools (`internals`); unused by the library itself.
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use options::{ucx_defaults, NetOptions, DEFAULT_LANES, MAX_LANES, UCX_DEFAULTS};
 use runtime::{Lane, Run, Shared};
 pub(crate) use wire::frame_addresses;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use wire::HEADER_BYTES;
 use wire::parse_addresses;
 
