@@ -16,26 +16,34 @@
 //!
 //! A [`Comm`] of [`Comm::from_rank`] holds one rank of a ringccl communicator of processes:
 //! its collectives are issued at once on its stream, like NCCL's; its sends and receives too,
-//! except inside a group, where they are queued and issued at the group's end as one
-//! [`Communicator::peer_ops`](crate::Communicator::peer_ops) (so that a ring of sends and
-//! receives cannot wait on itself).
+//! except inside a group, where they are queued and issued together as one
+//! [`Communicator::peer_ops`](crate::Communicator::peer_ops) at the group's end (so that a
+//! ring of sends and receives cannot wait on itself). A collective called in a group after
+//! some of its sends and receives issues those first, in call order; every rank should then
+//! split its group the same way, since each part pairs only with the peers' same part.
 //!
 //! The `Comm`s of [`Comm::from_devices`] share one ringccl communicator of this process, whose
-//! calls take every rank's buffers at once. A rank's call is queued until every rank has made
-//! its part (a send until its receive), then issued for all of them: a loop over the `Comm`s
-//! of one thread works, inside a group or not, and so do threads, one per `Comm`. Every rank
-//! must make the same calls in the same order (as NCCL requires); a collective that differs
-//! from the other ranks' fails (`ncclInvalidUsage`, naming both) and so does every later call
-//! of the communicator, since the ranks that had already returned cannot be told.
+//! calls take every rank's buffers at once. Each rank's calls are queued in call order; a
+//! collective is issued once it heads every rank's queue, and the sends and receives heading
+//! the queues once they pair up (the `k`-th send from `a` to `b` with the `k`-th receive on
+//! `b` from `a`). So a loop over the `Comm`s on one thread works, inside a group or not, and
+//! so do threads, one per `Comm`. Every rank must make the same calls in the same order (as
+//! NCCL requires); a collective that differs from the other ranks' fails
+//! (`ncclInvalidUsage`, naming both) and so does every later call of the communicator, since
+//! the ranks that had already returned cannot be told.
 //!
 //! A queued call returns `Ok` before its work is enqueued. Its buffers are held by a gate
 //! ([`gate`]): every later cudarc-tracked use of them — a copy, another stream's kernel, the
 //! free of a dropped `CudaSlice` — waits until the call has run, so dropping or reusing them
-//! early is safe. Once issued, the call runs on a stream of ringccl's that first waits for the
-//! caller's stream as it was at the call, and the caller's stream then waits for it. Work the
-//! caller enqueues on its stream between a queued call and its issue, on memory cudarc does not
-//! track for it, is not ordered after the call. Calls queued on a communicator that is dropped
-//! never run (logged as an error).
+//! early is safe. (This needs cudarc's event tracking, on by default; a queued call of buffers
+//! allocated with it disabled fails with `ncclInvalidUsage`.) Once issued, the call runs on a
+//! stream of ringccl's that first waits for the caller's stream as it was at the call, and the
+//! caller's stream then waits for it. Two consequences, as with NCCL's kernels that wait for
+//! their peers: work the caller enqueues on its stream between a queued call and its issue, on
+//! memory cudarc does not track for it, is not ordered after the call; and waiting for the
+//! whole device (`cuCtxSynchronize`, `synchronize` of a queued buffer, a free that
+//! synchronises) before the call is issued does not return until it is. Calls still queued
+//! when the communicator is dropped never run (logged as an error).
 //!
 //! Not mirrored: cudarc's `group!` macro (it names `result::group_start` in the caller's
 //! scope), `char` as an element type (see [`NcclType`]), and the raw `result`/`sys` layers.

@@ -143,9 +143,9 @@ struct Pending {
 
 #[derive(Default)]
 struct State {
-    /// Per own rank: its queued collectives, in call order.
-    collectives: Vec<VecDeque<Pending>>,
-    /// Queued sends and receives, in call order.
+    /// A communicator of several ranks: per own rank, its queued calls in call order.
+    queues: Vec<VecDeque<Pending>>,
+    /// A communicator of one rank: its sends and receives queued until the group's end.
     p2p: Vec<Pending>,
     slots: Vec<Slots>,
     /// Once a queued call failed: every later call fails with this.
@@ -159,6 +159,9 @@ pub(super) struct Shared {
     streams: Vec<Arc<CudaStream>>,
     sides: Vec<Mutex<Option<Arc<Side>>>>,
     state: Mutex<State>,
+    /// Held while queued calls are taken and issued, so that they are issued in call order
+    /// when several threads complete calls at once.
+    issuing: Mutex<()>,
 }
 
 /// The buffers of one call, as the caller gave them.
@@ -182,6 +185,16 @@ fn raw(ptr: u64, (len, ordinal): (usize, usize)) -> RawBuf {
 }
 
 impl<T> Buffers<'_, T> {
+    /// The cudarc handles that own the buffers.
+    fn contexts(&self) -> Vec<Arc<CudaContext>> {
+        let ctx = |s: &Arc<CudaStream>| s.context().clone();
+        match self {
+            Buffers::InPlace(b) | Buffers::RecvOnly(b) => vec![ctx(b.stream())],
+            Buffers::SendOnly(s) => vec![ctx(s.stream())],
+            Buffers::Out(s, r) => vec![ctx(s.stream()), ctx(r.stream())],
+        }
+    }
+
     /// The buffers' addresses, ordered on `stream` by cudarc's tracking: `stream` waits for
     /// their earlier tracked uses; the guards record this use when dropped.
     fn take<'s>(&'s mut self, stream: &'s CudaStream) -> (Bufs, Vec<SyncOnDrop<'s>>) {
@@ -211,6 +224,22 @@ impl<T> Buffers<'_, T> {
     }
 }
 
+/// Keeps the cudarc handle `ctx` in its multi-stream mode while it is in use, with a stream
+/// of its own that runs nothing: cudarc orders a slice's free after the slice's events only in
+/// that mode, and a queued call relies on it (see [`super::gate`]).
+fn keep_tracking(ctx: &Arc<CudaContext>) -> Result<(), NcclError> {
+    static STREAMS: Mutex<Vec<(usize, Arc<CudaStream>)>> = Mutex::new(Vec::new());
+    let key = Arc::as_ptr(ctx) as usize;
+    let mut streams = lock(&STREAMS);
+    if streams.iter().any(|(k, _)| *k == key) {
+        return Ok(());
+    }
+    // Handles nothing else refers to any more have no slice left to order.
+    streams.retain(|(_, s)| Arc::strong_count(s.context()) > 1);
+    streams.push((key, ctx.new_stream()?));
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -223,10 +252,11 @@ impl Shared {
             sides: (0..n).map(|_| Mutex::new(None)).collect(),
             streams,
             state: Mutex::new(State {
-                collectives: (0..n).map(|_| VecDeque::new()).collect(),
+                queues: (0..n).map(|_| VecDeque::new()).collect(),
                 slots: (0..n).map(|_| Slots::default()).collect(),
                 ..State::default()
             }),
+            issuing: Mutex::new(()),
         })
     }
 
@@ -313,67 +343,68 @@ impl Shared {
         result
     }
 
-    /// Issues what is complete: collectives every rank has made, sends with their receives
-    /// (only for a communicator holding several ranks).
+    /// Issues what is complete, in each rank's call order (a communicator of several
+    /// ranks): a collective once it heads every rank's queue; the sends and receives that head
+    /// the ranks' queues, once they pair up (see [`ready_p2p`]).
     fn issue_ready(&self) -> Result<(), NcclError> {
+        let _issuing = lock(&self.issuing);
         loop {
-            let heads = {
+            let batch = {
                 let mut st = lock(&self.state);
-                if st.collectives.iter().any(VecDeque::is_empty) {
-                    None
-                } else {
+                let all_collective = st
+                    .queues
+                    .iter()
+                    .all(|q| q.front().is_some_and(|p| !p.op.kind.is_p2p()));
+                if all_collective {
                     let heads: Vec<Pending> = st
-                        .collectives
+                        .queues
                         .iter_mut()
                         .filter_map(VecDeque::pop_front)
                         .collect();
                     let calls: Vec<&Op> = heads.iter().map(|p| &p.op).collect();
-                    match ops::same_collective(&calls) {
-                        Ok(()) => Some(heads),
+                    if let Err(e) = ops::same_collective(&calls) {
+                        drop(st);
+                        self.open_all(heads);
+                        return Err(self.fail(e));
+                    }
+                    Some((heads, false))
+                } else {
+                    let heads: Vec<Vec<Op>> = st
+                        .queues
+                        .iter()
+                        .map(|q| {
+                            q.iter()
+                                .map(|p| p.op)
+                                .take_while(|o| o.kind.is_p2p())
+                                .collect()
+                        })
+                        .collect();
+                    match ready_p2p(&heads) {
                         Err(e) => {
                             drop(st);
-                            self.open_all(heads);
                             return Err(self.fail(e));
+                        }
+                        Ok(k) if k.iter().all(|&k| k == 0) => None,
+                        Ok(k) => {
+                            let mut parts = Vec::new();
+                            for (q, k) in st.queues.iter_mut().zip(k) {
+                                parts.extend(q.drain(..k));
+                            }
+                            Some((parts, true))
                         }
                     }
                 }
             };
-            match heads {
-                Some(h) => self.run(h, false)?,
-                None => break,
+            match batch {
+                Some((parts, p2p)) => self.run(parts, p2p)?,
+                None => return Ok(()),
             }
         }
-        let ready = {
-            let mut st = lock(&self.state);
-            let all: Vec<Op> = st.p2p.iter().map(|p| p.op).collect();
-            let pairs = match ops::match_p2p(&all) {
-                Ok(p) => p,
-                Err(e) => {
-                    drop(st);
-                    return Err(self.fail(e));
-                }
-            };
-            let mut take: Vec<usize> = pairs.iter().flat_map(|&(a, b)| [a, b]).collect();
-            take.sort_unstable();
-            let mut ready = Vec::new();
-            for &i in take.iter().rev() {
-                ready.push(st.p2p.remove(i));
-            }
-            ready.reverse();
-            ready
-        };
-        if !ready.is_empty() {
-            self.run(ready, true)?;
-        }
-        Ok(())
     }
 
     /// Issues this rank's queued sends and receives as one group (a communicator of one
     /// rank of a job of processes, at the end of a group).
     pub(super) fn flush_group(&self) -> Result<(), NcclError> {
-        if !self.single() {
-            return self.issue_ready();
-        }
         let parts = std::mem::take(&mut lock(&self.state).p2p);
         if parts.is_empty() {
             return Ok(());
@@ -401,7 +432,7 @@ impl Shared {
             let mut st = lock(&self.state);
             st.broken.get_or_insert_with(|| e.clone());
             let mut q: Vec<Pending> = std::mem::take(&mut st.p2p);
-            for c in &mut st.collectives {
+            for c in &mut st.queues {
                 q.extend(c.drain(..));
             }
             q
@@ -426,7 +457,7 @@ impl Drop for Shared {
         let queued: Vec<Pending> = {
             let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
             let mut q: Vec<Pending> = std::mem::take(&mut st.p2p);
-            for c in &mut st.collectives {
+            for c in &mut st.queues {
                 q.extend(c.drain(..));
             }
             q
@@ -445,6 +476,37 @@ impl Drop for Shared {
             );
             self.open_all(queued);
         }
+    }
+}
+
+/// How many of the sends and receives heading each rank's queue (`heads[r]`, in call order)
+/// can be issued now, together: the longest prefixes whose every call pairs with one in the
+/// other ranks' prefixes (the `k`-th send from `a` to `b` with the `k`-th receive on `b` from
+/// `a`). Issuing only prefixes keeps each rank's calls in call order.
+fn ready_p2p(heads: &[Vec<Op>]) -> Result<Vec<usize>, NcclError> {
+    let mut k: Vec<usize> = heads.iter().map(Vec::len).collect();
+    loop {
+        let ids: Vec<(usize, usize)> = k
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &n)| (0..n).map(move |i| (r, i)))
+            .collect();
+        let flat: Vec<Op> = ids.iter().map(|&(r, i)| heads[r][i]).collect();
+        let mut matched = vec![false; flat.len()];
+        for (a, b) in ops::match_p2p(&flat)? {
+            matched[a] = true;
+            matched[b] = true;
+        }
+        let mut next = vec![0; k.len()];
+        let mut at = 0;
+        for (r, &n) in k.iter().enumerate() {
+            next[r] = matched[at..at + n].iter().take_while(|&&m| m).count();
+            at += n;
+        }
+        if next == k {
+            return Ok(k);
+        }
+        k = next;
     }
 }
 
@@ -597,6 +659,12 @@ impl Comm {
         let sh = &self.shared;
         sh.check()?;
         let in_group = group::depth() > 0;
+        if sh.single() && in_group && !kind.is_p2p() && !lock(&sh.state).p2p.is_empty() {
+            // A collective of a group after some of its sends and receives: those are issued
+            // first (in call order), so that no gate is closed while the collective is issued
+            // (growing the scratch of a communicator of processes synchronises the device).
+            sh.flush_group()?;
+        }
         if sh.single() && !(in_group && kind.is_p2p()) {
             // Issued now, on the caller's stream; the guards record the buffers' use after.
             let stream = sh.streams[self.index].clone();
@@ -617,6 +685,9 @@ impl Comm {
             return Ok(NcclStatus::Success);
         }
         // Queued behind a gate (see `gate`).
+        for ctx in bufs.contexts() {
+            keep_tracking(&ctx)?;
+        }
         let side = sh.side(self.index)?;
         let (slot, generation) = lock(&sh.state).slots[self.index].take().ok_or_else(|| {
             NcclError::usage(format!(
@@ -629,7 +700,17 @@ impl Comm {
         let queued = (|| -> Result<(Bufs, CudaEvent), NcclError> {
             let data = sh.streams[self.index].record_event(None)?;
             // The side stream waits for the buffers' earlier tracked uses ...
-            drop(bufs.take(&side.t));
+            let (_, guards) = bufs.take(&side.t);
+            if guards.iter().any(|g| matches!(g, SyncOnDrop::Record(None))) {
+                return Err(NcclError::usage(
+                    "a call that is queued (a send or receive in a group, any call of \
+                     Comm::from_devices before every rank made it) needs cudarc's event \
+                     tracking of its buffers, to hold them until it has run; these were \
+                     allocated with event tracking disabled"
+                        .into(),
+                ));
+            }
+            drop(guards);
             side.wait(slot, generation)?;
             // ... and their later ones wait for the gate.
             let (b, guards) = bufs.take(&side.g);
@@ -660,10 +741,10 @@ impl Comm {
         };
         {
             let mut st = lock(&sh.state);
-            if kind.is_p2p() {
+            if sh.single() {
                 st.p2p.push(pending);
             } else {
-                st.collectives[self.index].push_back(pending);
+                st.queues[self.index].push_back(pending);
             }
         }
         if sh.single() {
@@ -1000,6 +1081,48 @@ impl<'g> Group<'g> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn p2p(rank: usize, send: bool, peer: usize, count: usize) -> Op {
+        let kind = if send {
+            OpKind::Send { peer, count }
+        } else {
+            OpKind::Recv { peer, count }
+        };
+        let b = RawBuf::new(0x1000, count, rank);
+        Op {
+            rank,
+            kind,
+            dtype: DataType::F32,
+            bufs: Bufs::SendOnly(b),
+        }
+    }
+
+    #[test]
+    fn a_ring_in_one_thread_is_ready_once_every_rank_made_its_part() {
+        // Rank 0 and 1 of 3 have made their sends and receives; rank 2 not yet.
+        let mut heads = vec![
+            vec![p2p(0, true, 1, 4), p2p(0, false, 2, 4)],
+            vec![p2p(1, true, 2, 4), p2p(1, false, 0, 4)],
+            vec![],
+        ];
+        // Rank 0's send pairs with rank 1's receive, but it is behind rank 1's send to 2.
+        assert_eq!(ready_p2p(&heads).unwrap(), vec![0, 0, 0]);
+        heads[2] = vec![p2p(2, true, 0, 4), p2p(2, false, 1, 4)];
+        assert_eq!(ready_p2p(&heads).unwrap(), vec![2, 2, 2]);
+    }
+
+    #[test]
+    fn only_paired_prefixes_are_ready() {
+        let heads = vec![
+            vec![p2p(0, true, 1, 8), p2p(0, true, 1, 8)],
+            vec![p2p(1, false, 0, 8)],
+        ];
+        // The second send waits for its receive; the first goes.
+        assert_eq!(ready_p2p(&heads).unwrap(), vec![1, 1]);
+        let bad = vec![vec![p2p(0, true, 1, 8)], vec![p2p(1, false, 0, 9)]];
+        assert!(ready_p2p(&bad).is_err());
+        assert_eq!(ready_p2p(&[vec![], vec![]]).unwrap(), vec![0, 0]);
+    }
 
     #[test]
     fn reduce_ops_map_one_to_one() {
