@@ -154,7 +154,6 @@ struct State {
 
 /// What the [`Comm`]s of one ringccl communicator share.
 pub(super) struct Shared {
-    comm: Communicator,
     /// Per own rank: the caller's stream.
     streams: Vec<Arc<CudaStream>>,
     sides: Vec<Mutex<Option<Arc<Side>>>>,
@@ -162,6 +161,8 @@ pub(super) struct Shared {
     /// Held while queued calls are taken and issued, so that they are issued in call order
     /// when several threads complete calls at once.
     issuing: Mutex<()>,
+    /// Last: dropped after the side streams have finished.
+    comm: Communicator,
 }
 
 /// The buffers of one call, as the caller gave them.
