@@ -1176,3 +1176,19 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod traits {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+
+    /// A `Comm` may move to another thread (cudarc's, a raw NCCL handle, may not: code written
+    /// for it compiles here too), and an `Id` is plain bytes.
+    #[test]
+    fn comms_and_ids_cross_threads() {
+        send_sync::<Comm>();
+        send_sync::<Id>();
+        send_sync::<NcclError>();
+    }
+}
