@@ -338,7 +338,9 @@ impl Shared {
                 }
             }
         }
-        if let Err(e) = &result {
+        // Other ranks' parts returned `Ok` when they were queued: the communicator fails
+        // for good. (One rank's group returns its error from `group_end`, which is all.)
+        if let (Err(e), false) = (&result, self.single()) {
             lock(&self.state).broken.get_or_insert_with(|| e.clone());
         }
         result
