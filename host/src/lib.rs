@@ -90,6 +90,8 @@ mod debug;
 mod dtype;
 mod error;
 mod kind;
+/// `cudarc::nccl`'s safe API (`Comm`, `Id`, `ReduceOp`, groups) over ringccl.
+pub mod nccl;
 
 /// ringccl's internals, for its own GPU tests and tools (feature `internals`; not a stable API).
 #[cfg(feature = "internals")]
