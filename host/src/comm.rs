@@ -198,7 +198,12 @@ impl ProcessRank {
                 return Err(e);
             }
         }
-        state.windows.grow_scratch(bytes, &self.boot)
+        // A failed growth leaves the ranks' scratch out of step: the communicator is failed
+        // (and its drop then leaks what the peers may still have mapped).
+        state
+            .windows
+            .grow_scratch(bytes, &self.boot)
+            .inspect_err(|e| health.fail(e.clone()))
     }
 }
 
@@ -977,9 +982,11 @@ impl Communicator {
     /// A rank of a job of processes whose work has ended: decides what the drop of its windows
     /// frees ([`Release::at_drop`]), reporting leaked memory at warn level.
     fn settle_windows(&mut self) {
-        let failed = self.health.failure().is_some();
         let debug = self.config.debug;
         if let Some(p) = &mut self.process {
+            // `check` also counts a lost peer, or a device wait that gave up, that no call has
+            // seen yet.
+            let failed = self.health.check().is_err() || self.health.failure().is_some();
             let state = p.state.get_mut().unwrap_or_else(|e| e.into_inner());
             state.windows.set_release(Release::at_drop(failed, true), debug);
         }
