@@ -12,9 +12,12 @@
 # ONE_GPU=1: the processes of a job share one GPU: the script starts MPS
 # (nvidia-cuda-mps-control -d, pipes in /tmp/mps-pipe, logs in /tmp/mps-log) unless it runs,
 # stops it at the end if it started it, and the multi-process steps run RINGCCL_TEST_PROCESSES
-# processes on GPU 0. The kill steps (kill-2, kill-4, kill-init, kill-exit: 56 kills in all)
-# kill one rank of each job and print one summary line each with the kills made and the slowest
-# time to error; KILL_TIMEOUT (default 3) is their RINGCCL_TIMEOUT.
+# processes on GPU 0. The kill steps (kill-2, kill-4, kill-init, kill-exit: 52 kills in all,
+# about 2.5 min) kill one rank of each job and print one summary line each with the kills made
+# and the slowest time to error; KILL_TIMEOUT (default 3) is their RINGCCL_TIMEOUT. Their jobs
+# run one at a time (RINGCCL_KILL_PARALLEL, default 1): jobs that share a GPU (always, on one
+# GPU) each size their kernels' grids as if alone there, and one job's spinning blocks can hold
+# the SMs another's need to meet at their barriers (timeouts with no death at all).
 set -uo pipefail
 D=${1:?directory with the test binaries}
 LIMIT=${2:-280}
@@ -86,11 +89,12 @@ run_step() {
     process-timeouts) step process-timeouts 30 "$R" "${T[@]}" process_ranks_time_out_and_abort ;;
     kill-9) step kill-9 60 "$R" "${T[@]}" a_killed_process_makes_its_peer_fail_in_time ;;
     kill-2 | kill-4 | kill-init | kill-exit)
-      local n=2 jobs=30 par=6 mode=kill limit=240
+      # Jobs of about 2.5 s (kill, exit) to 4 s (init: a survivor may wait out the join).
+      local n=2 jobs=24 mode=kill limit=120 par=${RINGCCL_KILL_PARALLEL:-1}
       case $1 in
-        kill-4) n=4 jobs=14 par=3 ;;
-        kill-init) jobs=6 par=3 mode=init limit=90 ;;
-        kill-exit) jobs=6 par=3 mode=exit limit=120 ;;
+        kill-4) n=4 jobs=10 limit=75 ;;
+        kill-init) jobs=10 mode=init limit=75 ;;
+        kill-exit) jobs=8 mode=exit limit=45 ;;
       esac
       step "$1" "$limit" env RINGCCL_KILL_RANKS=$n RINGCCL_KILL_JOBS=$jobs RINGCCL_KILL_PARALLEL=$par \
         RINGCCL_KILL_MODE=$mode RINGCCL_TIMEOUT="${KILL_TIMEOUT:-3}" \

@@ -28,7 +28,7 @@ use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
 use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
 use crate::plan::net::Machines;
-use crate::transport::ipc::{machine_id, Exchange, Windows};
+use crate::transport::ipc::{machine_id, Exchange, Release, Windows};
 use crate::transport::net::proxy::NetOptions;
 use crate::transport::net::NetRank;
 use crate::transport::Transport;
@@ -198,7 +198,12 @@ impl ProcessRank {
                 return Err(e);
             }
         }
-        state.windows.grow_scratch(bytes, &self.boot)
+        // A failed growth leaves the ranks' scratch out of step: the communicator is failed
+        // (and its drop then leaks what the peers may still have mapped).
+        state
+            .windows
+            .grow_scratch(bytes, &self.boot)
+            .inspect_err(|e| health.fail(e.clone()))
     }
 }
 
@@ -986,6 +991,21 @@ impl Communicator {
     }
 }
 
+impl Communicator {
+    /// A rank of a job of processes whose work has ended: decides what the drop of its windows
+    /// frees ([`Release::at_drop`]), reporting leaked memory at warn level.
+    fn settle_windows(&mut self) {
+        let debug = self.config.debug;
+        if let Some(p) = &mut self.process {
+            // `check` also counts a lost peer, or a device wait that gave up, that no call has
+            // seen yet.
+            let failed = self.health.check().is_err() || self.health.failure().is_some();
+            let state = p.state.get_mut().unwrap_or_else(|e| e.into_inner());
+            state.windows.set_release(Release::at_drop(failed, true), debug);
+        }
+    }
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Work of the last call may still run on the caller's streams and use the scratch, the
@@ -997,7 +1017,11 @@ impl Drop for Communicator {
         //
         // A rank of a job of processes: its last call's end also means every peer is done with
         // this rank's scratch and flags (the call's end waits for the peers' last touches), so
-        // the windows can be unmapped and freed after it.
+        // the windows can be freed after it, but only if no call failed: after a failure (a
+        // timeout, a lost peer, an abort) a live peer's kernels may still read or write them,
+        // and freeing memory under a kernel is a fatal GPU fault (under MPS it ends every
+        // process on the GPU). They are leaked then (`Release::at_drop`); the mappings of the
+        // peers' buffers are closed once this rank's own work has ended.
         //
         // CUDA graphs that captured calls of this communicator and still exist keep its device
         // resources: they are handed over to them (`hand_over_to_graphs`) instead of freed.
@@ -1019,6 +1043,7 @@ impl Drop for Communicator {
             self.config.timeout.unwrap_or(Duration::MAX)
         };
         if idle(self, first) {
+            self.settle_windows();
             self.hand_over_to_graphs();
             return;
         }
@@ -1027,6 +1052,7 @@ impl Drop for Communicator {
                 reason: "dropped with work that did not finish".into(),
             });
             if idle(self, DRAIN_AFTER_ABORT) {
+                self.settle_windows();
                 self.hand_over_to_graphs();
                 return;
             }

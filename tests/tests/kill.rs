@@ -9,9 +9,13 @@
 //!
 //! | mode (`RINGCCL_KILL_MODE`) | how the rank dies |
 //! | --- | --- |
-//! | `kill` | SIGKILL at a random point of the stream (a random delay after every rank made its first calls) |
+//! | `kill` | SIGKILL at a random point of the stream: a random 0 to `RINGCCL_KILL_DELAY_MS` (500) ms after every rank finished its warm-ups |
 //! | `init` | SIGKILL a random 0 to 600 ms after its start: before, during or just after `init_rank` |
-//! | `exit` | `std::process::exit(0)` after a random number of calls, without destroying the communicator |
+//! | `exit` | `std::process::exit(0)` after a random 5 to 149 calls of the stream, without destroying the communicator |
+//!
+//! Before the stream, every rank makes untimed warm-up calls ([`warm_ups`]: every kind, small
+//! and large, so the kernels of every algorithm are loaded) and synchronizes; a rank is never
+//! killed before its peers are past them (`kill`, `exit`).
 //!
 //! Every survivor must return an error that names a rank within `RINGCCL_TIMEOUT` + 2 s
 //! (`max(RINGCCL_TIMEOUT, RINGCCL_BOOTSTRAP_TIMEOUT)` + 2 s when the death can fall in the
@@ -22,8 +26,14 @@
 //! `abort_ends_a_call_blocked_on_the_host`: with no timeout, a rank alone in its calls is
 //! blocked on the host; `abort()` from another thread ends the call within a second.
 //!
+//! Jobs run one at a time (`RINGCCL_KILL_PARALLEL`, default 1): rank r of every job is on GPU
+//! r % GPUs, so parallel jobs share GPUs, and each job sizes its kernels' grids as if it were
+//! alone there (the two-shot kernel takes up to one block per SM): one job's spinning blocks
+//! can hold the SMs that another job's blocks need to meet at their barriers, and both time out
+//! with no death at all (seen on one H200 under MPS with 3 and 6 jobs at a time).
+//!
 //! Run (one GPU, under MPS, or several GPUs):
-//! `RINGCCL_KILL_RANKS=2 RINGCCL_KILL_JOBS=24 RINGCCL_KILL_PARALLEL=4 RINGCCL_TIMEOUT=3
+//! `RINGCCL_KILL_RANKS=2 RINGCCL_KILL_JOBS=24 RINGCCL_TIMEOUT=3
 //! cargo test -p ringccl-tests --test kill -- --include-ignored --test-threads=1 --nocapture
 //! killed_ranks_end_their_peers_calls_in_time`.
 
@@ -101,6 +111,27 @@ fn draw(rng: &mut StdRng, n: usize) -> Call {
     }
 }
 
+/// The calls each rank makes before the stream (and before it can be killed): every kind, of
+/// a few elements and of a large share (one-shot, two-shot and the ring through the scratch),
+/// within the scratch's first size, so that the stream's largest calls still grow it.
+fn warm_ups(n: usize) -> Vec<Call> {
+    let big = MAX_COUNT / (2 * n);
+    [1000, big]
+        .into_iter()
+        .flat_map(|c| {
+            [
+                Call::AllReduce(c * n),
+                Call::ReduceScatter(c),
+                Call::AllGather(c),
+                Call::Broadcast(c, n - 1),
+                Call::Reduce(c, 0),
+                Call::AllToAll(c),
+                Call::PeerRing(c),
+            ]
+        })
+        .collect()
+}
+
 /// Why a survivor's call failed, as the error says it: the rank it names, if any.
 fn named_rank(e: &Error) -> Option<usize> {
     match e {
@@ -147,6 +178,41 @@ fn kill_driver() {
         .alloc_zeros::<f32>(MAX_COUNT)
         .expect("the receive buffer");
     let s = [&stream];
+    let mut run = |call: Call| match call {
+        Call::AllReduce(c) => {
+            comm.all_reduce(&mut [Io::out_of_place(&a, &mut b)], c, RedOp::Sum, &s)
+        }
+        Call::ReduceScatter(c) => {
+            comm.reduce_scatter(&mut [Io::out_of_place(&a, &mut b)], c, RedOp::Sum, &s)
+        }
+        Call::AllGather(c) => comm.all_gather(&mut [Io::out_of_place(&a, &mut b)], c, &s),
+        Call::Broadcast(c, root) => {
+            comm.broadcast(&mut [Io::out_of_place(&a, &mut b)], c, root, &s)
+        }
+        Call::Reduce(c, root) => {
+            comm.reduce(&mut [Io::out_of_place(&a, &mut b)], c, RedOp::Sum, root, &s)
+        }
+        Call::AllToAll(c) => comm.all_to_all(&mut [Io::out_of_place(&a, &mut b)], c, &s),
+        Call::PeerRing(c) => {
+            let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+            comm.peer_ops(
+                &mut [
+                    PeerOp::send(rank, next, &a, c),
+                    PeerOp::recv(rank, prev, &mut b, c),
+                ],
+                &s,
+            )
+        }
+    };
+    // Warm-ups, not timed: every kind of call small and large (the kernels of every algorithm
+    // are loaded and the first calls' setup is done), then the stream starts.
+    let t_warm = Instant::now();
+    for call in warm_ups(n) {
+        run(call).unwrap_or_else(|e| fail(e));
+    }
+    comm.synchronize().unwrap_or_else(|e| fail(e));
+    println!("rank {rank}: warm-ups done in {:?}", t_warm.elapsed());
+    std::fs::write(dir.join(format!("rank{rank}.ready")), b"").expect("the ready file");
     let mut rng = StdRng::seed_from_u64(seed);
     let t0 = Instant::now();
     let mut calls = 0u64;
@@ -159,40 +225,10 @@ fn kill_driver() {
         }
         let call = draw(&mut rng, n);
         let sync = rng.random_range(0..4) == 0;
-        let r = match call {
-            Call::AllReduce(c) => {
-                comm.all_reduce(&mut [Io::out_of_place(&a, &mut b)], c, RedOp::Sum, &s)
-            }
-            Call::ReduceScatter(c) => {
-                comm.reduce_scatter(&mut [Io::out_of_place(&a, &mut b)], c, RedOp::Sum, &s)
-            }
-            Call::AllGather(c) => comm.all_gather(&mut [Io::out_of_place(&a, &mut b)], c, &s),
-            Call::Broadcast(c, root) => {
-                comm.broadcast(&mut [Io::out_of_place(&a, &mut b)], c, root, &s)
-            }
-            Call::Reduce(c, root) => {
-                comm.reduce(&mut [Io::out_of_place(&a, &mut b)], c, RedOp::Sum, root, &s)
-            }
-            Call::AllToAll(c) => comm.all_to_all(&mut [Io::out_of_place(&a, &mut b)], c, &s),
-            Call::PeerRing(c) => {
-                let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-                comm.peer_ops(
-                    &mut [
-                        PeerOp::send(rank, next, &a, c),
-                        PeerOp::recv(rank, prev, &mut b, c),
-                    ],
-                    &s,
-                )
-            }
-        }
-        .and_then(|()| if sync { comm.synchronize() } else { Ok(()) });
+        let r = run(call).and_then(|()| if sync { comm.synchronize() } else { Ok(()) });
         calls += 1;
         if let Err(e) = r {
             break e;
-        }
-        if calls == 8 {
-            comm.synchronize().unwrap_or_else(|e| fail(e));
-            std::fs::write(dir.join(format!("rank{rank}.ready")), b"").expect("the ready file");
         }
         if calls.is_multiple_of(200) {
             println!(
@@ -249,6 +285,8 @@ struct Outcome {
     /// Each survivor's time from the death to its error.
     to_error: Vec<Duration>,
     failures: Vec<String>,
+    /// The job's wall time (the slowest job, for a summary).
+    wall: Duration,
 }
 
 fn spawn(
@@ -297,7 +335,7 @@ fn one_job(job: usize, n: usize, mode: &str, seed: u64) -> Outcome {
     if mode == "exit" {
         extra.push((
             ENV_EXIT_AT,
-            format!("{victim}:{}", rng.random_range(10..200u64)),
+            format!("{victim}:{}", rng.random_range(5..150u64)),
         ));
     }
     let mut kids: Vec<Child> = (0..n)
@@ -332,7 +370,8 @@ fn one_job(job: usize, n: usize, mode: &str, seed: u64) -> Outcome {
                 );
                 None
             } else {
-                std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
+                let max_ms = env_or("RINGCCL_KILL_DELAY_MS", 500u64);
+                std::thread::sleep(Duration::from_millis(rng.random_range(0..=max_ms)));
                 let t = now_us();
                 let _ = kids[victim].kill();
                 Some(t)
@@ -398,12 +437,18 @@ fn one_job(job: usize, n: usize, mode: &str, seed: u64) -> Outcome {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    out.wall = started.elapsed();
+    println!(
+        "job {job}: {:.1} s from the start of its ranks to the end of the last",
+        out.wall.as_secs_f64()
+    );
     out
 }
 
 /// Jobs of `RINGCCL_KILL_RANKS` processes (2), `RINGCCL_KILL_JOBS` of them (6),
-/// `RINGCCL_KILL_PARALLEL` at a time (1), one rank of each killed per `RINGCCL_KILL_MODE`
-/// (`kill`, `init`, `exit`); `RINGCCL_KILL_SEED` fixes the random choices.
+/// `RINGCCL_KILL_PARALLEL` at a time (1: jobs that share a GPU must not run together), one rank
+/// of each killed per `RINGCCL_KILL_MODE` (`kill`, `init`, `exit`); `RINGCCL_KILL_SEED` fixes
+/// the random choices, `RINGCCL_KILL_DELAY_MS` (500) the latest kill after the warm-ups.
 #[test]
 #[ignore = "needs a CUDA GPU per rank, or one GPU under MPS"]
 fn killed_ranks_end_their_peers_calls_in_time() {
@@ -418,6 +463,11 @@ fn killed_ranks_end_their_peers_calls_in_time() {
     assert!((2..=8).contains(&n), "RINGCCL_KILL_RANKS={n}: 2 to 8");
     let seed: u64 = env_or("RINGCCL_KILL_SEED", (now_us() % 1_000_000_007) as u64);
     println!("kill test: {jobs} jobs of {n} ranks, {parallel} at a time, mode {mode}, seed {seed}");
+    if parallel > 1 {
+        // Jobs that share a GPU size their kernels' grids as if alone: one job's spinning
+        // blocks can hold the SMs another job's blocks need to meet at their barriers.
+        println!("kill test: jobs run {parallel} at a time: only sound if no two jobs share a GPU");
+    }
     let t0 = Instant::now();
     let mut all = Outcome::default();
     for batch in (0..jobs).collect::<Vec<_>>().chunks(parallel) {
@@ -437,17 +487,19 @@ fn killed_ranks_end_their_peers_calls_in_time() {
             all.kills += o.kills;
             all.to_error.extend(o.to_error);
             all.failures.extend(o.failures);
+            all.wall = all.wall.max(o.wall);
         }
     }
     let slowest = all.to_error.iter().max().copied().unwrap_or_default();
     println!(
-        "kill summary: mode {mode}, {n} ranks, {jobs} jobs, {} kills, {} survivors failed in time, slowest time to error {:.3} s (limit {} s + 2 s), {} failures, {:.1} s",
+        "kill summary: mode {mode}, {n} ranks, {jobs} jobs, {} kills, {} survivors failed in time, slowest time to error {:.3} s (limit {} s + 2 s), {} failures, {:.1} s (slowest job {:.1} s)",
         all.kills,
         all.to_error.len(),
         slowest.as_secs_f64(),
         env_or("RINGCCL_TIMEOUT", 3u64),
         all.failures.len(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        all.wall.as_secs_f64()
     );
     assert!(all.failures.is_empty(), "{:#?}", all.failures);
     assert_eq!(

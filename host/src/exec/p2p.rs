@@ -73,6 +73,14 @@ pub(crate) fn group(
         )));
     }
     if let Err(cause) = issue(call, plan, bufs, stream, combine) {
+        // The end event covers what was enqueued, so that the communicator's drop waits for it
+        // before it unmaps the peers' buffers (best effort: the communicator is failed anyway).
+        let _ = record(&call.state.end, stream, r);
+        if let Some(first) = call.health.failure() {
+            // The rest was not enqueued because the communicator failed meanwhile (the check
+            // before each wait): that failure is the group's error.
+            return Err(first);
+        }
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
         // agree. The communicator is failed; its abort word ends the waits already enqueued.
         let e = Error::PartlyEnqueued {
@@ -109,7 +117,12 @@ fn issue(
     for a in &plan.actions {
         match *a {
             Action::Signal { peer, k } => call.send(stream, Signal { peer, k })?,
-            Action::Wait { peer, k, .. } => call.wait_for(stream, Signal { peer, k })?,
+            Action::Wait { peer, k, .. } => {
+                // Once the communicator has failed, the rest is not enqueued: its copies would
+                // run after waits that no longer wait (one load of the control block).
+                call.health.check()?;
+                call.wait_for(stream, Signal { peer, k })?
+            }
             Action::WaitCarried { .. } => {
                 return Err(internal("a network plan's carried wait in a CUDA IPC group".into()))
             }

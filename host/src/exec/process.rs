@@ -116,6 +116,15 @@ pub fn execute(
         if !enqueued {
             return Err(cause);
         }
+        // The end event covers what was enqueued, so that the communicator's drop waits for it
+        // before it unmaps the peers' buffers (best effort: the communicator is failed anyway).
+        let _ = record(&call.state.end, stream, r);
+        if let Some(first) = call.health.failure() {
+            // The rest of the call was not enqueued because the communicator failed meanwhile
+            // (the check between steps): that failure (naming the rank or peer) is the call's
+            // error.
+            return Err(first);
+        }
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
         // agree. The communicator is failed; its abort word ends the waits already enqueued.
         let e = Error::PartlyEnqueued {
@@ -158,6 +167,10 @@ fn issue(
     }
     let me = call.me;
     for (i, step) in s.steps.iter().enumerate().filter(|(_, st)| st.exec == r) {
+        // Once the communicator has failed (a device wait gave up, a peer was lost, an abort),
+        // the rest of the call is not enqueued: its data kernels would run on the peers'
+        // scratch after waits that no longer wait. One load of the control block per step.
+        call.health.check()?;
         for &x in &sig.before[i] {
             call.wait_for(stream, x)?;
         }

@@ -13,11 +13,20 @@
 //! Peers in another process open the buffers through their IPC handles once per size
 //! (milliseconds each); peers in the same process use the address directly, with peer access.
 //! The exchange goes through an [`Exchange`] (the communicator's bootstrap).
+//!
+//! **Freeing.** A buffer a peer has mapped is freed only when this rank knows that no peer's
+//! work still reads or writes it: after a failure (a timeout, a lost peer, an abort, a failed
+//! exchange) a live peer's kernels may still run on it, and a kernel that touches freed memory
+//! is a fatal GPU fault, which under MPS tears down every process on the GPU. Such buffers are
+//! leaked instead (until the process exits), with a warning that says how many bytes
+//! ([`Release`], [`Windows::set_release`]). In the same way this process's mappings of the
+//! peers' buffers are closed only once its own work on them is done.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
+use crate::config::DebugLevel;
 use crate::driver::ipc::{DeviceAlloc, IpcHandle, Mapped};
 use crate::driver::{can_access_peer, enable_peer_access};
 use crate::{Error, Result};
@@ -142,7 +151,10 @@ enum Reach {
 /// One exchanged buffer of every rank, as this process reaches it.
 #[derive(Debug)]
 struct Shared {
-    own: DeviceAlloc,
+    /// This rank's buffer (`None` once leaked: see [`Shared::leak_own`]).
+    own: Option<DeviceAlloc>,
+    /// Its size in bytes.
+    bytes: usize,
     reach: Vec<Reach>,
     /// Every rank's buffer address in this process.
     addr: Vec<u64>,
@@ -178,6 +190,42 @@ impl Shared {
             bytes: own.bytes() as u64,
             handle: own.ipc_handle(r)?,
         };
+        // From here on some peer may have this buffer's handle, map it and run kernels on it:
+        // on an error it is leaked, not freed (see the module's "Freeing").
+        match Self::map_all(ctx, rank, &mine, remote_ok, ex) {
+            Ok((reach, addr, machines, sms, ordinals)) => Ok(Shared {
+                own: Some(own),
+                bytes: mine.bytes as usize,
+                reach,
+                addr,
+                machines,
+                sms,
+                ordinals,
+            }),
+            Err(e) => {
+                crate::debug::warn(format_args!(
+                    "rank {rank}: the exchange of a buffer of {} bytes failed ({e}); it is left \
+                     allocated until the process exits, since a peer may have mapped it",
+                    own.bytes()
+                ));
+                std::mem::forget(own);
+                Err(e)
+            }
+        }
+    }
+
+    /// Publishes `mine` and maps every peer's buffer (those on another machine are left
+    /// unmapped if `remote_ok`): every rank's reach, address, machine, SM count and device
+    /// ordinal, in rank order.
+    #[allow(clippy::type_complexity)]
+    fn map_all(
+        ctx: &Arc<CudaContext>,
+        rank: usize,
+        mine: &Published,
+        remote_ok: bool,
+        ex: &dyn Exchange,
+    ) -> Result<(Vec<Reach>, Vec<u64>, Vec<u64>, Vec<u32>, Vec<u32>)> {
+        let r = Some(rank);
         let all = ex.all_gather(&mine.encode())?;
         let mut reach = Vec::with_capacity(all.len());
         let mut addr = Vec::with_capacity(all.len());
@@ -191,7 +239,7 @@ impl Shared {
             ordinals.push(p.ordinal);
             if q == rank {
                 reach.push(Reach::Own);
-                addr.push(own.ptr());
+                addr.push(mine.ptr);
                 continue;
             }
             if p.machine != mine.machine && remote_ok {
@@ -230,14 +278,71 @@ impl Shared {
                 reach.push(Reach::Mapped { _mapping: m });
             }
         }
-        Ok(Shared {
-            own,
-            reach,
-            addr,
-            machines,
-            sms,
-            ordinals,
-        })
+        Ok((reach, addr, machines, sms, ordinals))
+    }
+
+    /// Leaks this rank's buffer (never freed): its bytes, 0 if it was leaked already.
+    fn leak_own(&mut self) -> usize {
+        match self.own.take() {
+            Some(own) => {
+                let bytes = own.bytes();
+                std::mem::forget(own);
+                bytes
+            }
+            None => 0,
+        }
+    }
+
+    /// Leaks this process's mappings of the peers' buffers (never closed).
+    fn leak_mappings(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.reach));
+    }
+}
+
+/// What dropping a rank's [`Windows`] releases: this rank's own flag area and scratch
+/// (`cuMemFree`), which its peers have mapped, and this process's mappings of the peers'
+/// buffers (`cuIpcCloseMemHandle`). What is not released is leaked until the process exits.
+///
+/// ```
+/// use ringccl::internals::transport::ipc::Release;
+/// // A communicator that ended without a failure, its work done: everything is released.
+/// assert_eq!(Release::at_drop(false, true), Release { free_own: true, unmap_peers: true });
+/// // After a failure a peer's kernels may still use this rank's buffers: they are leaked.
+/// assert_eq!(Release::at_drop(true, true), Release { free_own: false, unmap_peers: true });
+/// // This rank's own work still runs on the peers' buffers: nothing is released.
+/// assert_eq!(Release::at_drop(true, false), Release { free_own: false, unmap_peers: false });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// Free this rank's own buffers.
+    pub free_own: bool,
+    /// Close this process's mappings of the peers' buffers.
+    pub unmap_peers: bool,
+}
+
+impl Release {
+    /// What the drop of windows no communicator took charge of releases (a communicator whose
+    /// creation failed after the exchange): no work of this rank ran on the peers' buffers
+    /// (they are unmapped), but a peer that finished its creation may have begun calls that
+    /// touch this rank's (they are leaked).
+    pub const UNCLAIMED: Release = Release {
+        free_own: false,
+        unmap_peers: true,
+    };
+
+    /// The rule at a communicator's drop: `failed`, whether it failed (a timeout, a lost peer,
+    /// an abort, a half-issued call: its peers may still be in a call that reads or writes this
+    /// rank's buffers); `work_done`, whether every piece of work it enqueued has ended.
+    ///
+    /// This rank's buffers are freed only without a failure and with the work done: the end of
+    /// its last call then also means every peer is done with them (a call's end waits for the
+    /// peers' last touches of this rank's memory). The peers' buffers are unmapped only once
+    /// this rank's own work, which reads and writes them, has ended.
+    pub fn at_drop(failed: bool, work_done: bool) -> Release {
+        Release {
+            free_own: !failed && work_done,
+            unmap_peers: work_done,
+        }
     }
 }
 
@@ -251,6 +356,42 @@ pub struct Windows {
     /// This rank's machine identifier, and whether ranks on other machines are allowed (left
     /// unmapped).
     locality: (u64, bool),
+    /// What the drop releases ([`Windows::set_release`]), and the level of its report.
+    release: (Release, DebugLevel),
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        let (Release { free_own, unmap_peers }, debug) = self.release;
+        if !unmap_peers {
+            self.flags.leak_mappings();
+            self.scratch.leak_mappings();
+        }
+        if !free_own {
+            let (flags, scratch) = (self.flags.leak_own(), self.scratch.leak_own());
+            if flags + scratch > 0 {
+                crate::debug::emit(
+                    debug,
+                    DebugLevel::Warn,
+                    format_args!(
+                        "rank {}: {} bytes of device memory that the peers have mapped (scratch \
+                         {scratch}, flag area {flags}) stay allocated until the process exits: \
+                         the communicator failed, so a peer's kernels may still read or write \
+                         them (freeing memory under a kernel is a fatal GPU fault, which under \
+                         MPS ends every process on the GPU){}",
+                        self.rank,
+                        flags + scratch,
+                        if unmap_peers {
+                            ""
+                        } else {
+                            "; the mappings of the peers' buffers are kept too, as this rank's \
+                             work on them had not ended"
+                        }
+                    ),
+                );
+            }
+        }
+    }
 }
 
 impl Windows {
@@ -273,9 +414,18 @@ impl Windows {
             ));
         }
         let locality = (machine, remote_ok);
-        let flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, locality)?;
-        let scratch = Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, locality)?;
+        let mut flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, locality)?;
+        // The flag area is published: a peer may signal into it from now on.
+        let mut scratch = match Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, locality) {
+            Ok(s) => s,
+            Err(e) => {
+                flags.leak_own();
+                return Err(e);
+            }
+        };
         if flags.addr.len() != nranks || scratch.addr.len() != nranks {
+            flags.leak_own();
+            scratch.leak_own();
             return Err(Error::Internal {
                 reason: format!("{} ranks answered the exchange, not {nranks}", flags.addr.len()),
             });
@@ -286,7 +436,21 @@ impl Windows {
             flags,
             scratch,
             locality,
+            release: (Release::UNCLAIMED, DebugLevel::Warn),
         })
+    }
+
+    /// Sets what dropping these windows releases ([`Release::at_drop`]; until called,
+    /// [`Release::UNCLAIMED`]), and the level (`debug`, the communicator's) of the warning that
+    /// reports leaked memory. Returns the bytes of this rank's own buffers that the drop leaks.
+    pub fn set_release(&mut self, release: Release, debug: DebugLevel) -> usize {
+        self.release = (release, debug);
+        if release.free_own {
+            0
+        } else {
+            let own = |s: &Shared| s.own.as_ref().map_or(0, DeviceAlloc::bytes);
+            own(&self.flags) + own(&self.scratch)
+        }
     }
 
     /// The first rank this process cannot map (on another machine), if any.
@@ -346,26 +510,37 @@ impl Windows {
 
     /// Bytes of every rank's scratch now.
     pub fn scratch_bytes(&self) -> usize {
-        self.scratch.own.bytes()
+        self.scratch.bytes
     }
 
     /// Grows every rank's scratch to at least `bytes` (collective: every rank calls it at the
     /// same call with the same `bytes`). The caller has waited for this rank's previous call
     /// to end (every peer's use of this rank's buffer, and this rank's use of the peers', ends
     /// before it). Exchanges the new buffers, and frees the old ones once every rank has its
-    /// new mappings.
+    /// new mappings. If the exchange fails, the old buffers stay (the windows' drop decides
+    /// their fate); if the last step fails (some rank may not have closed its mappings of the
+    /// old buffer, or not be done with it), the old buffer is leaked, not freed.
     pub fn grow_scratch(&mut self, bytes: usize, ex: &dyn Exchange) -> Result<()> {
         if bytes <= self.scratch_bytes() {
             return Ok(());
         }
         let target = bytes.next_power_of_two().max(MIN_SCRATCH_BYTES);
         let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.locality)?;
-        let Shared { own, reach, .. } = std::mem::replace(&mut self.scratch, new);
-        // Close this process's mappings of the old buffers, wait until every rank has, then
-        // free the old buffer.
-        drop(reach);
-        ex.all_gather(&[])?;
-        drop(own);
+        let mut old = std::mem::replace(&mut self.scratch, new);
+        // Close this process's mappings of the old buffers (this rank's work on them has ended),
+        // wait until every rank has, then free the old buffer.
+        drop(std::mem::take(&mut old.reach));
+        if let Err(e) = ex.all_gather(&[]) {
+            let bytes = old.leak_own();
+            crate::debug::warn(format_args!(
+                "rank {}: the scratch growth failed after the exchange ({e}); the old scratch of \
+                 {bytes} bytes is left allocated until the process exits, since a peer may still \
+                 use it",
+                self.rank
+            ));
+            return Err(e);
+        }
+        drop(old);
         Ok(())
     }
 }
@@ -389,6 +564,27 @@ mod tests {
         assert_eq!(b.len(), PUBLISHED_BYTES);
         assert_eq!(Published::decode(&b, 1).unwrap(), p);
         assert!(matches!(Published::decode(&b[1..], 1), Err(Error::Internal { .. })));
+    }
+
+    #[test]
+    fn memory_peers_have_mapped_is_freed_only_after_a_clean_end() {
+        // (failed, work done) -> (free own buffers, unmap the peers')
+        let table = [
+            ((false, true), (true, true)),
+            ((true, true), (false, true)),
+            ((false, false), (false, false)),
+            ((true, false), (false, false)),
+        ];
+        for ((failed, done), (free_own, unmap_peers)) in table {
+            assert_eq!(
+                Release::at_drop(failed, done),
+                Release { free_own, unmap_peers },
+                "failed {failed}, work done {done}"
+            );
+        }
+        // Windows no communicator took charge of (a creation that failed after the exchange):
+        // no work of this rank ran on the peers' buffers, but a peer may use this rank's.
+        assert_eq!(Release::UNCLAIMED, Release { free_own: false, unmap_peers: true });
     }
 
     #[test]
