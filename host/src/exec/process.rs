@@ -391,43 +391,4 @@ pub fn execute_oneshot(
 /// 18.8 µs with the driver's (`docs/perf/README.md`).
 pub const STAGE_IN_KERNEL_MAX_BYTES: usize = 64 << 10;
 
-/// Where a two-shot all-reduce of `bytes` among processes puts its results in each rank's
-/// scratch: after the copy of the input, at the next 256-byte boundary.
-///
-/// ```
-/// use ringccl::internals::exec::process::twoshot_out_offset;
-/// assert_eq!(twoshot_out_offset(1000), 1024);
-/// assert_eq!(twoshot_out_offset(1 << 20), 1 << 20);
-/// ```
-pub fn twoshot_out_offset(bytes: usize) -> usize {
-    bytes.div_ceil(256).saturating_mul(256)
-}
-
-/// Scratch bytes a one-shot or two-shot (`shot`) call of `bytes` per rank (`count` elements,
-/// as [`super::oneshot::TwoShotOf`] counts them) among `nranks` processes needs: the
-/// all-reduce, the copy of the input, and for two-shot the results after it; the calls of one
-/// share per rank, every rank's share (the reduce-scatter's copy of the input, the all-gather's
-/// and all-to-all's results); the broadcast and the reduce, one copy of the input; `None` on
-/// overflow.
-///
-/// ```
-/// use ringccl::internals::exec::oneshot::{Shot, TwoShotOf};
-/// use ringccl::internals::exec::process::scratch_for;
-/// assert_eq!(scratch_for(Shot::One, 1000, 2), Some(1000));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::AllReduce }, 1000, 2), Some(2024));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::AllGather }, 1000, 4), Some(4000));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::Reduce { root: 1 } }, 1000, 4), Some(1000));
-/// ```
-pub fn scratch_for(shot: super::oneshot::Shot, bytes: usize, nranks: usize) -> Option<usize> {
-    use super::oneshot::{Shot, TwoShotOf};
-    match shot {
-        Shot::One => Some(bytes),
-        Shot::Two { of, .. } => match of {
-            TwoShotOf::AllReduce => twoshot_out_offset(bytes).checked_add(bytes),
-            TwoShotOf::ReduceScatter | TwoShotOf::AllGather | TwoShotOf::AllToAll => {
-                bytes.checked_mul(nranks)
-            }
-            TwoShotOf::Broadcast { .. } | TwoShotOf::Reduce { .. } => Some(bytes),
-        },
-    }
-}
+pub use crate::plan::call::{scratch_for, twoshot_out_offset};
