@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -23,10 +23,12 @@ use crate::config::{Config, DebugLevel, Network};
 use crate::debug::report;
 use crate::driver;
 use crate::driver::ipc::MemOps;
+use crate::exec::process::ProcessCall;
+use crate::exec::Handle;
 use crate::resources::rank_threads::RankThreads;
 use crate::plan::{topology, PlanCache, ProcessPlan};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
-use crate::resources::{Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
+use crate::resources::{poll_until, Call, GraphHold, Health, Probe, ProcessState, RankResources, RankState};
 use crate::plan::net::Machines;
 use crate::transport::ipc::{machine_id, Exchange, Windows};
 use crate::transport::net::proxy::NetOptions;
@@ -87,32 +89,6 @@ fn launch_blocking_env() -> bool {
     std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 
-/// Polls `done` with growing pauses (yields, then sleeps from 10 µs up to 1 ms: no busy spin)
-/// until it returns `Some`, or `limit` (`None`: no limit) has passed: then `Ok(None)`.
-pub(crate) fn poll_until<T>(
-    limit: Option<Duration>,
-    mut done: impl FnMut() -> Result<Option<T>>,
-) -> Result<Option<T>> {
-    let start = Instant::now();
-    let mut polls = 0u32;
-    let mut pause = Duration::from_micros(10);
-    loop {
-        if let Some(v) = done()? {
-            return Ok(Some(v));
-        }
-        if limit.is_some_and(|l| start.elapsed() >= l) {
-            return Ok(None);
-        }
-        polls += 1;
-        if polls < 64 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
-        }
-    }
-}
-
 /// A rank of a job of processes: its bootstrap connections, the other ranks' communication
 /// buffers as this process reaches them, the signal counters, and the plans for processes.
 pub(crate) struct ProcessRank {
@@ -141,47 +117,6 @@ impl ProcessRank {
     /// The per-call state, locked for one call's issue.
     pub fn lock(&self) -> MutexGuard<'_, ProcessState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
-    /// needs the same at the same call). Waits on the host for this rank's previous call first:
-    /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
-    pub fn ensure_scratch(
-        &self,
-        state: &mut ProcessState,
-        bytes: usize,
-        health: &Health,
-    ) -> Result<()> {
-        if bytes <= state.windows.scratch_bytes() {
-            return Ok(());
-        }
-        let rank = self.rank;
-        let done = poll_until(health.timeout(), || {
-            health.check()?;
-            if let Some(e) = health.device_status() {
-                return Err(e);
-            }
-            match state.end.try_is_complete() {
-                Ok(true) => Ok(Some(())),
-                Ok(false) => Ok(None),
-                Err(e) => Err(Error::cuda("cuEventQuery", Some(rank), e)),
-            }
-        });
-        match done {
-            Ok(Some(())) => {}
-            Ok(None) => {
-                return Err(Error::Timeout {
-                    rank: Some(rank),
-                    peer: None,
-                    what: "the previous call before growing the scratch".into(),
-                })
-            }
-            Err(e) => {
-                health.fail(e.clone());
-                return Err(e);
-            }
-        }
-        state.windows.grow_scratch(bytes, &self.boot)
     }
 }
 
@@ -929,12 +864,12 @@ impl Communicator {
         self.graphs.hold(Box::new(remains));
     }
 
-    /// Locks the communicator for one call's issue: the handle an executor works through.
     /// The host threads of the ranks, if this communicator has them.
     pub(crate) fn rank_threads(&self) -> Option<&RankThreads> {
         self.rank_threads.as_ref()
     }
 
+    /// Locks the communicator for one call's issue: the handle an executor works through.
     pub(crate) fn begin_call(&self) -> Call<'_> {
         Call::new(
             &self.ranks,
@@ -943,6 +878,33 @@ impl Communicator {
             &self.oneshot_broken,
             &self.health,
         )
+    }
+
+    /// The per-call handle of this communicator's kind, locked for one call's issue
+    /// (`capturing`: the streams are being captured into a CUDA graph).
+    pub(crate) fn handle(&self, capturing: bool) -> Handle<'_> {
+        match &self.process {
+            None => Handle::Local {
+                call: self.begin_call(),
+                threads: self.rank_threads(),
+                capturing,
+            },
+            Some(p) => Handle::Process {
+                call: self.process_call(p),
+                net: p.net.as_ref(),
+            },
+        }
+    }
+
+    /// The per-call handle of this rank of a job of processes, locked for one call's issue.
+    pub(crate) fn process_call<'a>(&'a self, p: &'a ProcessRank) -> ProcessCall<'a> {
+        ProcessCall {
+            me: self.resources(p.rank),
+            state: p.lock(),
+            memops: &p.memops,
+            health: &self.health,
+            exchange: &p.boot,
+        }
     }
 }
 
@@ -1006,6 +968,7 @@ impl Drop for Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn ordinals_are_checked() {

@@ -25,6 +25,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "debug",
             "driver",
             "error",
+            "exec",
             "plan",
             "resources",
             "transport",

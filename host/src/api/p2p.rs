@@ -415,7 +415,7 @@ impl Communicator {
             })
             .collect();
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
-        let mut state = p.lock();
+        let mut call = self.process_call(p);
         let guards: Vec<SyncOnDrop<'_>> = ops
             .iter_mut()
             .filter(|o| o.count > 0)
@@ -424,12 +424,6 @@ impl Communicator {
         let me = self.resources(p.rank);
         let bound = exec::net::Bound {
             kernels: &me.kernels,
-            health: self.health(),
-        };
-        let mut call = exec::process::ProcessCall {
-            me,
-            state: &mut state,
-            memops: &p.memops,
             health: self.health(),
         };
         // Ranks on other machines over the network, the others over the mapped scratch (or

@@ -8,7 +8,9 @@
 //!   reached over CUDA IPC, the network, or both (ranks on several machines);
 //! * [`oneshot`]: the one-shot all-reduce, one kernel per rank, ordered by a device-side
 //!   barrier, issued from one host thread per GPU at once ([`crate::resources::rank_threads`]);
-//! * here: what both share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
+//! * [`run`]: the one dispatch, from a [`CallPlan`](crate::plan::call::CallPlan) and the
+//!   communicator's per-call [`Handle`] to the executor the plan names;
+//! * here: what all share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
 //!   capture rules, and scratch for one call.
 //!
 //! ## CUDA graphs
@@ -35,6 +37,9 @@ pub mod net;
 pub mod p2p;
 pub mod process;
 pub mod ring;
+mod run;
+
+pub use run::{run, Args, Handle, Track};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 

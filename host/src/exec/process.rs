@@ -29,20 +29,66 @@ use crate::driver::ipc::MemOps;
 use crate::driver::launch::WaitArgs;
 use crate::plan::signals::{Signal, SignalPlan};
 use crate::plan::Prepared;
-use crate::resources::{Health, ProcessState, RankResources};
+use std::sync::MutexGuard;
+
+use crate::resources::{poll_until, Health, ProcessState, RankResources};
+use crate::transport::ipc::Exchange;
 use crate::schedule::{BufId, Region};
 use crate::{DataType, Error, RedOp, Result};
 
-/// What a call of a rank among processes works with.
+/// What a call of a rank among processes works with: the rank's per-call handle, with its
+/// per-call state locked for the call's issue.
 pub struct ProcessCall<'a> {
     /// This rank's device, kernels and launch caps.
     pub me: &'a RankResources,
     /// The windows, the signal counters and the end of the previous call.
-    pub state: &'a mut ProcessState,
+    pub state: MutexGuard<'a, ProcessState>,
     /// The stream memory operations.
     pub memops: &'a MemOps,
     /// The control block and timeout of the device waits, and the failure state.
     pub health: &'a Health,
+    /// The ranks' exchange (the bootstrap), for growing the scratch.
+    pub exchange: &'a dyn Exchange,
+}
+
+impl ProcessCall<'_> {
+    /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
+    /// needs the same at the same call). Waits on the host for this rank's previous call first:
+    /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
+    pub fn ensure_scratch(&mut self, bytes: usize) -> Result<()> {
+        if bytes <= self.state.windows.scratch_bytes() {
+            return Ok(());
+        }
+        let (rank, health) = (self.state.rank, self.health);
+        let end = &self.state.end;
+        let done = poll_until(health.timeout(), || {
+            health.check()?;
+            if let Some(e) = health.device_status() {
+                return Err(e);
+            }
+            match end.try_is_complete() {
+                Ok(true) => Ok(Some(())),
+                Ok(false) => Ok(None),
+                Err(e) => Err(Error::cuda("cuEventQuery", Some(rank), e)),
+            }
+        });
+        match done {
+            Ok(Some(())) => {}
+            Ok(None) => {
+                return Err(Error::Timeout {
+                    rank: Some(rank),
+                    peer: None,
+                    what: "the previous call before growing the scratch".into(),
+                })
+            }
+            Err(e) => {
+                health.fail(e.clone());
+                return Err(e);
+            }
+        }
+        let exchange = self.exchange;
+        self.state.windows.grow_scratch(bytes, exchange)
+    }
 }
 
 impl ProcessCall<'_> {
