@@ -1,0 +1,67 @@
+//! The drop of a communicator: it waits for the work first (and aborts it past the timeout),
+//! or hands the device resources over to CUDA graphs that still use them.
+
+use std::time::Duration;
+
+use super::wait::DRAIN_AFTER_ABORT;
+use super::Communicator;
+use crate::debug::report;
+use crate::resources::poll_until;
+use crate::Error;
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Work of the last call may still run on the caller's streams and use the scratch, the
+        // flags, the control block and the kernels' module: wait for it before they are freed,
+        // at most the timeout. If it does not end, abort (every device wait ends) and wait a
+        // little more; if it still does not end (work of the caller's own that never ends),
+        // leak the memory rather than free it under a running kernel. Errors cannot be reported
+        // from `drop`; cudarc records them in the context.
+        //
+        // A rank of a job of processes: its last call's end also means every peer is done with
+        // this rank's scratch and flags (the call's end waits for the peers' last touches), so
+        // the windows can be unmapped and freed after it.
+        //
+        // CUDA graphs that captured calls of this communicator and still exist keep its device
+        // resources: they are handed over to them (`hand_over_to_graphs`) instead of freed.
+        let idle = |c: &Self, limit| {
+            poll_until(Some(limit), || match c.pending_rank() {
+                Ok(None) => Ok(Some(true)),
+                Ok(Some(_)) => Ok(None),
+                // A dead context runs nothing any more.
+                Err(_) => Ok(Some(true)),
+            })
+            .ok()
+            .flatten()
+            .is_some()
+        };
+        let failed = self.health.failure().is_some();
+        let first = if failed {
+            DRAIN_AFTER_ABORT
+        } else {
+            self.config.timeout.unwrap_or(Duration::MAX)
+        };
+        if idle(self, first) {
+            self.hand_over_to_graphs();
+            return;
+        }
+        if !failed {
+            self.health.fail(Error::Aborted {
+                reason: "dropped with work that did not finish".into(),
+            });
+            if idle(self, DRAIN_AFTER_ABORT) {
+                self.hand_over_to_graphs();
+                return;
+            }
+        }
+        report!(
+            self.config.debug,
+            Warn,
+            "the communicator's work did not finish after an abort: its device memory is leaked"
+        );
+        std::mem::forget(std::mem::take(&mut self.ranks));
+        std::mem::forget(std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner())));
+        std::mem::forget(self.process.take());
+        std::mem::forget(self.health.clone());
+    }
+}
