@@ -506,7 +506,7 @@ fn no_rank(rank: usize) -> Error {
 
 impl<'a> Call<'a> {
     /// The handle for one call (event indices start again at 0).
-    pub fn new(
+    pub(crate) fn new(
         ranks: &'a [RankResources],
         transport: &'a Transport,
         mut state: MutexGuard<'a, Vec<RankState>>,

@@ -434,7 +434,11 @@ impl Communicator {
                 exec::hybrid::peer_ops(net, &mut call, bound, &pops, &bufs, stream.as_ref())
             }
             Some(net) => {
-                exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &call.state.end)
+                // SAFETY: `bufs[i]` is operation `i`'s buffer, validated above (on this rank's
+                // device, `pops[i].bytes` long, receives overlapping nothing else of the group)
+                // and tracked by cudarc's events until the group's work on `stream` has ended
+                // (`guards`); `end` and `net` are this communicator's.
+                unsafe { exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &call.state.end) }
             }
             None => {
                 let scratch = call.state.windows.scratch_bytes();

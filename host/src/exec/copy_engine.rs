@@ -27,7 +27,7 @@ use crate::{DataType, Error, RedOp, Result};
 
 /// Enqueues `p` for `dtype` and `op` on `streams` (one per rank) and the ranks' copy streams,
 /// with the caller's buffers `ptrs`. Every rank must reach every other's memory directly.
-pub fn execute<S: AsRef<CudaStream>>(
+pub(crate) fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     p: &CePlan,
     dtype: DataType,

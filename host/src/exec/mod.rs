@@ -39,7 +39,8 @@ pub mod process;
 pub mod ring;
 mod run;
 
-pub use run::{run, Args, Handle, Track};
+pub(crate) use run::run;
+pub use run::{Args, Handle, Track};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 

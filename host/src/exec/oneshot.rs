@@ -50,7 +50,7 @@ pub use crate::plan::call::{Shot, TwoShotOf};
 /// call issues the ranks' parts at the same time, one host thread per GPU; then a failure of
 /// some ranks' launches is reported with the ranks that did launch.
 #[allow(clippy::too_many_arguments)]
-pub fn execute<S: AsRef<CudaStream>>(
+pub(crate) fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     shot: Shot,
     dtype: DataType,

@@ -19,7 +19,7 @@ use crate::{Error, Result};
 
 /// Enqueues `plan` on `stream`; `bufs[i]` is the address of the buffer of the plan's operation
 /// `i` (validated by the caller to hold the operation's bytes).
-pub fn execute(
+pub(crate) fn execute(
     call: &mut ProcessCall<'_>,
     plan: &P2pPlan,
     bufs: &[u64],

@@ -128,7 +128,7 @@ impl ProcessCall<'_> {
 /// Enqueues this rank's part of `p` (a schedule for processes, with its signals `sig`) on
 /// `stream`, with this rank's buffers `mine`.
 #[allow(clippy::too_many_arguments)]
-pub fn execute(
+pub(crate) fn execute(
     call: &mut ProcessCall<'_>,
     p: &Prepared,
     sig: &SignalPlan,
@@ -271,7 +271,7 @@ fn issue(
 /// writing it), so the next call may overwrite it. No signal, no event crosses processes. The
 /// caller checks that the kind is possible (2 to `MAX_RANKS` ranks) and that the scratch holds
 /// the call ([`scratch_for`]).
-pub fn execute_oneshot(
+pub(crate) fn execute_oneshot(
     call: &mut ProcessCall<'_>,
     shot: super::oneshot::Shot,
     dtype: DataType,

@@ -48,7 +48,7 @@ pub(crate) fn region_addr(
 ///
 /// `capturing`: whether the streams are being captured into a CUDA graph ([`super::capturing`],
 /// checked by the caller before anything is enqueued).
-pub fn execute<S: AsRef<CudaStream>>(
+pub(crate) fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     p: &Prepared,
     dtype: DataType,

@@ -66,7 +66,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Enqueues `plan` through `handle` with `args`: the executor the plan names. A plan for the
 /// other kind of communicator is an internal error.
-pub fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, args: &Args<'_, S>) -> Result<()> {
+pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, args: &Args<'_, S>) -> Result<()> {
     let Args {
         dtype,
         op,
