@@ -280,8 +280,7 @@ pub(crate) fn execute_oneshot(
     count: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    use super::oneshot::{Shot, TwoShotOf};
-    use crate::driver::launch::{OneShotArgs, TwoShotArgs};
+    use super::oneshot::{RankKernel, Shot, TwoShotOf};
     use gpu_kernels::oneshot::MAX_RANKS;
     let st = &call.state;
     let (r, n) = (st.rank, st.sent.len());
@@ -356,10 +355,7 @@ pub(crate) fn execute_oneshot(
         }
     };
     call.health.check()?;
-    match shot {
-        Shot::One => call.me.kernels.oneshot_ready(dtype, op, n).map(drop)?,
-        Shot::Two { blocks, of } => call.me.kernels.twoshot_ready(dtype, op, n, blocks, of.what()).map(drop)?,
-    }
+    super::oneshot::ready(&call.me.kernels, shot, dtype, op, n)?;
     wait(stream, &st.end, r)?;
     // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
     // is slower than the driver's, which then runs before it on the stream.
@@ -383,41 +379,27 @@ pub(crate) fn execute_oneshot(
     // end, waited for above, means no peer still reads or writes it); the flag arrays are the
     // ranks' flag areas, mapped for the communicator's life and used by no one but its
     // one-shot (two-shot) kernels; the control block is the communicator's.
-    let launched = call.health.injected_failure(r).and_then(|()| match shot {
-        Shot::One => {
-            let args = OneShotArgs {
-                srcs: &srcs[..n],
-                dst: mine.recv,
-                tmp: None,
-                count,
-                postdiv: TwoShotOf::AllReduce.postdiv(n),
-                flags: &flags[..n],
-                rank: r,
-                ctl,
-                timeout_ns,
-                stage: stage_in_kernel.then_some(mine.send),
-            };
-            // SAFETY: see above (both kernels).
-            unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
-        }
-        Shot::Two { blocks, of } => {
-            let args = TwoShotArgs {
-                srcs: &srcs[..n],
-                dsts: &dsts[..n],
-                count,
-                postdiv: of.postdiv(n),
-                flags: &flags[..n],
-                rank: r,
-                blocks,
-                ctl,
-                timeout_ns,
-                stage,
-                what: (of.what(), of.root()),
-            };
-            // SAFETY: see above (both kernels).
-            unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
-        }
-    });
+    let kernel = RankKernel {
+        shot,
+        srcs: &srcs[..n],
+        dsts: &dsts[..n],
+        flags: &flags[..n],
+        rank: r,
+        count,
+        dst: mine.recv,
+        tmp: None,
+        stage: match shot {
+            Shot::One => stage_in_kernel.then_some((mine.send, 0)),
+            Shot::Two { .. } => stage,
+        },
+        ctl,
+        timeout_ns,
+    };
+    // SAFETY: see above (both kernels).
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { kernel.launch(&call.me.kernels, stream, dtype, op) });
     if let Err(cause) = launched {
         // The peers' kernels wait at the barrier for this one (until their timeout): the job
         // cannot go on.
