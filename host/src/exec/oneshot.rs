@@ -19,7 +19,7 @@
 //! and no other rank's kernel is left waiting for it. If a launch still fails after some ranks'
 //! kernels went out, the communicator is failed at once: its abort word releases the launched
 //! kernels from the barrier within microseconds (they skip their work and end), and the call
-//! returns [`Error::PartlyEnqueued`].
+//! returns [`Error::PartlyEnqueued`](crate::Error::PartlyEnqueued).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -27,11 +27,11 @@ use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
 
 use crate::resources::rank_threads::RankThreads;
-use super::{internal, record, scratch_for_call, wait, Around, RankPtrs};
+use super::{internal, partly_enqueued, record, scratch_for_call, wait, Around, RankPtrs};
 use crate::driver::launch::{OneShotArgs, TwoShotArgs};
 use crate::driver::Kernels;
 use crate::resources::Call;
-use crate::{DataType, Error, RedOp, Result};
+use crate::{DataType, RedOp, Result};
 
 pub use crate::plan::call::{Shot, TwoShotOf};
 
@@ -191,12 +191,7 @@ pub(crate) fn execute<S: AsRef<CudaStream>>(
     // The launched ranks' kernels wait at the barrier for the others, which will never come:
     // fail the communicator, which sets the abort word and releases them.
     call.disable_oneshot();
-    let e = Error::PartlyEnqueued {
-        enqueued,
-        cause: Box::new(cause),
-    };
-    call.health().fail(e.clone());
-    Err(e)
+    Err(partly_enqueued(call.health(), enqueued, cause))
 }
 
 /// Checks that `kernels` can run `shot` for `dtype`, `op` and `n` ranks, before anything of

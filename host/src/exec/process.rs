@@ -24,7 +24,7 @@
 use cudarc::driver::CudaStream;
 
 use super::ring::region_addr;
-use super::{internal, prim_for, record, traffic, wait, RankPtrs};
+use super::{internal, partly_enqueued, prim_for, record, traffic, wait, RankPtrs};
 use crate::driver::ipc::MemOps;
 use crate::driver::launch::WaitArgs;
 use crate::plan::signals::{Signal, SignalPlan};
@@ -164,12 +164,7 @@ pub(crate) fn execute(
         }
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
         // agree. The communicator is failed; its abort word ends the waits already enqueued.
-        let e = Error::PartlyEnqueued {
-            enqueued: vec![r],
-            cause: Box::new(cause),
-        };
-        call.health.fail(e.clone());
-        return Err(e);
+        return Err(partly_enqueued(call.health, vec![r], cause));
     }
     for q in 0..n {
         call.state.sent[q] += sig.count[r * n + q];
@@ -403,12 +398,7 @@ pub(crate) fn execute_oneshot(
     if let Err(cause) = launched {
         // The peers' kernels wait at the barrier for this one (until their timeout): the job
         // cannot go on.
-        let e = Error::PartlyEnqueued {
-            enqueued: vec![r],
-            cause: Box::new(cause),
-        };
-        call.health.fail(e.clone());
-        return Err(e);
+        return Err(partly_enqueued(call.health, vec![r], cause));
     }
     record(&call.state.end, stream, r)
 }
