@@ -356,21 +356,16 @@ impl Communicator {
                 used[i] = true;
                 used[j] = true;
             }
-            // Not under CUDA-graph capture (see `track` in `api`).
-            let capture = exec::capture(streams)?;
-            let capturing = capture.is_some();
-            let guards: Vec<SyncOnDrop<'_>> = ops
-                .iter_mut()
-                .zip(&used)
-                .filter(|(_, &u)| u && !capturing)
-                .map(|(o, _)| {
-                    let r = o.rank;
-                    o.track(streams[r].as_ref())
-                })
-                .collect();
-            let result = self.enqueue_rounds::<T, S>(&pairs, &rounds, streams, capture);
-            drop(guards);
-            return result;
+            return self.run_transfers::<T, S, _>(&pairs, &rounds, streams, |capturing| {
+                ops.iter_mut()
+                    .zip(&used)
+                    .filter(|(_, &u)| u && !capturing)
+                    .map(|(o, _)| {
+                        let r = o.rank;
+                        o.track(streams[r].as_ref())
+                    })
+                    .collect::<Vec<SyncOnDrop<'_>>>()
+            });
         };
         // One rank of a job of processes.
         if self.config().check_calls {
