@@ -40,7 +40,7 @@ use std::sync::Mutex;
 
 use cudarc::driver::CudaStream;
 
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Kind};
 use crate::debug::report;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
@@ -242,8 +242,8 @@ impl Communicator {
     /// `RINGCCL_DEBUG=info` for each new call shape and at `trace` for every call.
     fn choose(&self, call: &CallShape, capturing: bool) -> Result<CallPlan> {
         let config = self.config();
-        let (plan, new) = match self.process() {
-            None => {
+        let (plan, new) = match self.kind() {
+            Kind::Local { plans, .. } => {
                 let sms = || {
                     self.local_ranks()
                         .iter()
@@ -257,11 +257,11 @@ impl Communicator {
                     copy_engine_usable: self.copy_engine_usable(),
                     capturing,
                     sms: &sms,
-                    plans: self.plans(),
+                    plans,
                 });
                 plan::call::choose(call, &view, config)?
             }
-            Some(p) => {
+            Kind::Process(p) => {
                 let remote_peer = || p.lock().windows.remote_peer();
                 let sms = || p.lock().windows.two_shot_sms();
                 let view = CommView::Process(ProcessView {

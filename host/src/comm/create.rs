@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::Communicator;
+use super::{Communicator, Kind};
 use crate::config::Config;
 use crate::debug::report;
 use crate::driver;
@@ -127,13 +127,14 @@ impl Communicator {
             ring,
             config,
             state: Mutex::new(state),
-            plans: PlanCache::default(),
             oneshot_broken: AtomicBool::new(false),
-            process: None,
+            kind: Kind::Local {
+                plans: PlanCache::default(),
+                rank_threads,
+            },
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
             graphs: Arc::default(),
-            rank_threads,
         };
         comm.report_setup(how);
         Ok(comm)
@@ -173,7 +174,7 @@ impl Communicator {
             })
             .collect();
         report!(debug, Info, "communicator of {} ranks: {}", self.nranks(), devices.join(", "));
-        let peer = if let Some(p) = &self.process {
+        let peer = if let Some(p) = self.process() {
             match (&p.net, p.net_all) {
                 (None, _) => "other ranks in other processes (CUDA IPC, signals in device memory)",
                 (Some(_), true) => "other ranks in other processes, every pair over the network (UCX)",

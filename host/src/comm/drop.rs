@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::wait::DRAIN_AFTER_ABORT;
-use super::Communicator;
+use super::{Communicator, Kind};
+use crate::plan::PlanCache;
 use crate::debug::report;
 use crate::resources::poll_until;
 use crate::Error;
@@ -61,7 +62,13 @@ impl Drop for Communicator {
         );
         std::mem::forget(std::mem::take(&mut self.ranks));
         std::mem::forget(std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner())));
-        std::mem::forget(self.process.take());
+        if let Kind::Process(_) = &self.kind {
+            let local = Kind::Local {
+                plans: PlanCache::default(),
+                rank_threads: None,
+            };
+            std::mem::forget(std::mem::replace(&mut self.kind, local));
+        }
         std::mem::forget(self.health.clone());
     }
 }

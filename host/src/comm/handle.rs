@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
-use super::{Communicator, ProcessRank};
+use super::{Communicator, Kind, ProcessRank};
 use crate::exec::process::ProcessCall;
 use crate::exec::Handle;
 use crate::resources::rank_threads::RankThreads;
@@ -14,7 +14,7 @@ impl Communicator {
     /// Whether the one-shot all-reduce may be used: peer access everywhere and no earlier
     /// one-shot call failed half-launched.
     pub(crate) fn oneshot_usable(&self) -> bool {
-        self.process.is_none()
+        self.process().is_none()
             && !self.launch_blocking
             && self.transport.all_direct()
             && !self.oneshot_broken.load(Ordering::Acquire)
@@ -23,7 +23,7 @@ impl Communicator {
     /// Whether the copy-engine all-reduce can run: one process, direct peer access between
     /// every pair.
     pub(crate) fn copy_engine_usable(&self) -> bool {
-        self.process.is_none() && self.transport.all_direct()
+        self.process().is_none() && self.transport.all_direct()
     }
 
     pub(super) fn lock_state(&self) -> MutexGuard<'_, Vec<RankState>> {
@@ -34,7 +34,10 @@ impl Communicator {
 
     /// The host threads of the ranks, if this communicator has them.
     pub(crate) fn rank_threads(&self) -> Option<&RankThreads> {
-        self.rank_threads.as_ref()
+        match &self.kind {
+            Kind::Local { rank_threads, .. } => rank_threads.as_ref(),
+            Kind::Process(_) => None,
+        }
     }
 
     /// Locks the communicator for one call's issue: the handle an executor works through.
@@ -51,7 +54,7 @@ impl Communicator {
     /// The per-call handle of this communicator's kind, locked for one call's issue
     /// (`capturing`: the streams are being captured into a CUDA graph).
     pub(crate) fn handle(&self, capturing: bool) -> Handle<'_> {
-        match &self.process {
+        match self.process() {
             None => Handle::Local {
                 call: self.begin_call(),
                 threads: self.rank_threads(),

@@ -65,12 +65,11 @@ pub struct Communicator {
     ring: Vec<usize>,
     config: Config,
     state: Mutex<Vec<RankState>>,
-    plans: PlanCache,
     /// Set when a one-shot call failed after some ranks' kernels were launched: their device
     /// epochs may disagree from then on, so this communicator uses the ring for good.
     oneshot_broken: AtomicBool,
-    /// For a rank of a job of processes: the rest of the job as this rank sees it.
-    process: Option<ProcessRank>,
+    /// What this kind of communicator holds beside what both kinds hold.
+    kind: Kind,
     /// The control block, the timeout and the first failure (see [`Health`]).
     health: Arc<Health>,
     /// `CUDA_LAUNCH_BLOCKING=1`: a launch returns only once its kernel has run, so kernels that
@@ -79,9 +78,20 @@ pub struct Communicator {
     /// Shared with every CUDA graph that captured a call of this communicator: the device
     /// resources move here on drop while such a graph exists (see [`GraphHold`]).
     graphs: Arc<GraphHold>,
-    /// One host thread per GPU but the first, for the enqueue of small eager calls
-    /// ([`Config::rank_threads`]; none for one GPU or a rank of a job of processes).
-    rank_threads: Option<RankThreads>,
+}
+
+/// The two kinds of communicator: what each holds beside what both hold.
+pub(crate) enum Kind {
+    /// One process driving every rank.
+    Local {
+        /// The ring schedules by call shape.
+        plans: PlanCache,
+        /// One host thread per GPU but the first, for the enqueue of small eager calls
+        /// ([`Config::rank_threads`]; none for one GPU).
+        rank_threads: Option<RankThreads>,
+    },
+    /// One rank of a job of processes: the rest of the job as this rank sees it.
+    Process(Box<ProcessRank>),
 }
 
 impl std::fmt::Debug for Communicator {
@@ -107,7 +117,7 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn nranks(&self) -> usize {
-        self.process.as_ref().map_or(self.ranks.len(), |p| p.nranks)
+        self.process().map_or(self.ranks.len(), |p| p.nranks)
     }
 
     /// The ranks this communicator holds, in the order its calls take their arguments: every
@@ -128,7 +138,7 @@ impl Communicator {
     /// # Panics
     /// If this communicator does not hold `rank` (like slice indexing).
     fn held(&self, rank: usize) -> usize {
-        match &self.process {
+        match self.process() {
             None => rank,
             Some(p) if p.rank == rank => 0,
             Some(p) => panic!(
@@ -209,7 +219,7 @@ impl Communicator {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn peer_access(&self, rank: usize, peer: usize) -> bool {
-        match &self.process {
+        match self.process() {
             // Ranks of other processes reach each other's communication buffers (CUDA IPC).
             Some(p) => rank < p.nranks && peer < p.nranks,
             None => self.transport.direct(rank, peer),
@@ -270,7 +280,10 @@ impl Communicator {
 
     /// The part of a rank of a job of processes (`None` for a communicator of one process).
     pub(crate) fn process(&self) -> Option<&ProcessRank> {
-        self.process.as_ref()
+        match &self.kind {
+            Kind::Process(p) => Some(p.as_ref()),
+            Kind::Local { .. } => None,
+        }
     }
 
     /// The communicator's health (control block, timeout, first failure).
@@ -278,9 +291,9 @@ impl Communicator {
         &self.health
     }
 
-    /// The cache of prepared schedules.
-    pub(crate) fn plans(&self) -> &PlanCache {
-        &self.plans
+    /// This communicator's kind and what it holds for it.
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.kind
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::create::{launch_blocking_env, validate_ordinals};
-use super::Communicator;
+use super::{Communicator, Kind};
 use crate::bootstrap::{Bootstrap, LaunchEnv, UniqueId};
 use crate::config::{Config, DebugLevel, Network};
 use crate::debug::report;
@@ -171,9 +171,8 @@ impl Communicator {
             ring: config.ring.clone().unwrap_or_else(|| (0..nranks).collect()),
             config,
             state: Mutex::new(call_state),
-            plans: PlanCache::default(),
             oneshot_broken: AtomicBool::new(false),
-            process: Some(ProcessRank {
+            kind: Kind::Process(Box::new(ProcessRank {
                 rank,
                 nranks,
                 boot,
@@ -183,11 +182,10 @@ impl Communicator {
                 net,
                 net_all,
                 machines,
-            }),
+            })),
             health: Arc::new(health),
             launch_blocking: launch_blocking_env(),
             graphs: Arc::default(),
-            rank_threads: None,
         };
         comm.report_setup("device order");
         Ok(comm)

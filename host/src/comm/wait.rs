@@ -162,7 +162,7 @@ impl Communicator {
                 }
             }
         }
-        if let Some(p) = &self.process {
+        if let Some(p) = self.process() {
             let done = p
                 .lock()
                 .end
