@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ringccl::bootstrap::LaunchEnv;
+use ringccl::LaunchEnv;
 
 fn check() -> Result<String, Box<dyn std::error::Error>> {
     let env = LaunchEnv::from_env()?

@@ -22,7 +22,7 @@ pub mod rank_threads;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 
@@ -653,7 +653,7 @@ fn no_rank(rank: usize) -> Error {
 
 impl<'a> Call<'a> {
     /// The handle for one call (event indices start again at 0).
-    pub fn new(
+    pub(crate) fn new(
         ranks: &'a [RankResources],
         transport: &'a Transport,
         mut state: MutexGuard<'a, Vec<RankState>>,
@@ -839,6 +839,32 @@ impl ProcessState {
             sent: vec![0; nranks],
             received: vec![0; nranks],
         })
+    }
+}
+
+/// Polls `done` with growing pauses (yields, then sleeps from 10 µs up to 1 ms: no busy spin)
+/// until it returns `Some`, or `limit` (`None`: no limit) has passed: then `Ok(None)`.
+pub(crate) fn poll_until<T>(
+    limit: Option<Duration>,
+    mut done: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let start = Instant::now();
+    let mut polls = 0u32;
+    let mut pause = Duration::from_micros(10);
+    loop {
+        if let Some(v) = done()? {
+            return Ok(Some(v));
+        }
+        if limit.is_some_and(|l| start.elapsed() >= l) {
+            return Ok(None);
+        }
+        polls += 1;
+        if polls < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 /// pure data modules at the bottom.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("ddp", &["api", "comm", "dtype", "error"]),
+    ("nccl", &["api", "bootstrap", "comm", "dtype", "error"]),
+    ("comm_split", &["bootstrap", "comm", "config", "error"]),
     (
         "api",
         &[
@@ -25,6 +27,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "debug",
             "driver",
             "error",
+            "exec",
             "plan",
             "resources",
             "transport",
@@ -44,7 +47,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "resources",
-        &["config", "driver", "error", "plan", "transport"],
+        &[
+            "bootstrap",
+            "config",
+            "driver",
+            "error",
+            "plan",
+            "transport",
+        ],
     ),
     (
         "transport",

@@ -94,7 +94,10 @@ fn net_rank() {
             {
                 let (s, _g1) = send.device_ptr(&stream);
                 let (d, _g2) = recv.device_ptr(&stream);
-                execute(&mut net, &ops, bound, &group, &[s, d], &stream, &end).expect("enqueued");
+                // SAFETY: `s` and `d` are `bytes`-long buffers of this rank's GPU, alive and held
+                // by their guards until the synchronize below; `end` and `net` are this rank's.
+                unsafe { execute(&mut net, &ops, bound, &group, &[s, d], &stream, &end) }
+                    .expect("enqueued");
             }
             stream.synchronize().expect("synchronized");
             if let Some(e) = net.proxy.error() {

@@ -38,14 +38,14 @@ use validate::{validate, validate_held, Held};
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaStream, SyncOnDrop};
+use cudarc::driver::CudaStream;
 
-use crate::comm::{Communicator, ProcessRank};
-use crate::config::Algorithm;
+use crate::comm::{Communicator, Kind};
 use crate::debug::report;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
-use crate::plan::{self, tuning, Prepared, ProcessPlan};
+use crate::plan::call::{CallPlan, CallShape, CommView, LocalView, NetView, ProcessView};
+use crate::plan;
 use crate::schedule::Layout;
 use crate::{RedOp, Result};
 
@@ -54,47 +54,80 @@ fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> Vec<usize> {
     streams.iter().map(|s| s.as_ref().context().ordinal()).collect()
 }
 
-/// cudarc's event tracking of the call's buffers (see [`buffer`]): each rank's stream waits for
-/// earlier tracked accesses now; the returned guards record this call's accesses when dropped,
-/// after everything is enqueued.
-fn track<'s, T, S: AsRef<CudaStream>>(
-    io: &'s mut [Io<'_, T>],
-    streams: &'s [S],
-    ptrs: &[validate::Ptrs],
+/// cudarc's event tracking of a call's buffers (see [`buffer`]), as the executors' bracket
+/// ([`exec::Track`]): a rank's stream waits for earlier tracked accesses of its buffers before
+/// its part of the call, and this call's accesses are recorded after it.
+///
+/// Under CUDA-graph capture, a captured stream cannot wait on an event recorded outside the
+/// capture (the capture is invalidated), and an event recorded inside it cannot be waited on
+/// outside: a captured call leaves cudarc's events alone, and the graph's launches are ordered
+/// by the caller, as with NCCL.
+struct Tracked<'a, 'b, T> {
+    /// Each held rank's buffers and stream.
+    ranks: Vec<Mutex<(&'a mut Io<'b, T>, &'a CudaStream)>>,
+    ptrs: &'a [validate::Ptrs],
     capturing: bool,
-) -> Vec<[SyncOnDrop<'s>; 2]> {
-    // Under CUDA-graph capture, a captured stream cannot wait on an event recorded outside the
-    // capture (the capture is invalidated), and an event recorded inside it cannot be waited
-    // on outside: a captured call leaves cudarc's events alone, and the graph's launches are
-    // ordered by the caller, as with NCCL.
-    if capturing {
-        return Vec::new();
-    }
-    io.iter_mut()
-        .zip(streams)
-        .zip(ptrs)
-        .map(|((io, s), p)| io.track(s.as_ref(), p.reads_send, p.writes_recv))
-        .collect()
 }
 
-/// What a two-shot kernel runs for `c`; `None` for the collectives it cannot run (gather and
-/// scatter).
-fn twoshot_of(c: Collective) -> Option<exec::oneshot::TwoShotOf> {
-    use exec::oneshot::TwoShotOf;
-    match c {
-        Collective::AllReduce { .. } => Some(TwoShotOf::AllReduce),
-        Collective::ReduceScatter { .. } => Some(TwoShotOf::ReduceScatter),
-        Collective::AllGather { .. } => Some(TwoShotOf::AllGather),
-        Collective::AllToAll { .. } => Some(TwoShotOf::AllToAll),
-        Collective::Broadcast { root, .. } => Some(TwoShotOf::Broadcast { root }),
-        Collective::Reduce { root, .. } => Some(TwoShotOf::Reduce { root }),
-        Collective::Gather { .. } | Collective::Scatter { .. } => None,
+impl<'a, 'b, T> Tracked<'a, 'b, T> {
+    fn new<S: AsRef<CudaStream>>(
+        io: &'a mut [Io<'b, T>],
+        streams: &'a [S],
+        ptrs: &'a [validate::Ptrs],
+        capturing: bool,
+    ) -> Self {
+        let ranks = io.iter_mut().zip(streams).map(|(io, s)| Mutex::new((io, s.as_ref()))).collect();
+        Tracked { ranks, ptrs, capturing }
+    }
+
+    /// `part` inside the tracking of ranks `r..`.
+    fn nest(&self, r: usize, part: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let (Some(rank), Some(p)) = (self.ranks.get(r), self.ptrs.get(r)) else {
+            return part();
+        };
+        let mut rank = rank.lock().unwrap_or_else(|e| e.into_inner());
+        let (io, stream) = &mut *rank;
+        let guards = io.track(stream, p.reads_send, p.writes_recv);
+        let result = self.nest(r + 1, part);
+        drop(guards);
+        result
     }
 }
 
-/// Whether `c` can run on the two-shot kernel's barriers besides the all-reduce.
-fn twoshot_other(c: Collective) -> bool {
-    twoshot_of(c).is_some_and(|of| of != exec::oneshot::TwoShotOf::AllReduce)
+impl<T: DeviceElement> exec::Track for Tracked<'_, '_, T> {
+    fn rank(&self, r: usize, part: &dyn Fn() -> Result<()>) -> Result<()> {
+        if self.capturing {
+            return part();
+        }
+        let (Some(rank), Some(p)) = (self.ranks.get(r), self.ptrs.get(r)) else {
+            return Err(crate::Error::Internal {
+                reason: format!("no buffers or stream for rank {r}"),
+            });
+        };
+        let mut rank = rank.lock().map_err(|_| crate::Error::Internal {
+            reason: format!("rank {r}'s buffers are poisoned"),
+        })?;
+        let (io, stream) = &mut *rank;
+        let guards = io.track(stream, p.reads_send, p.writes_recv);
+        let result = part();
+        drop(guards);
+        result
+    }
+
+    fn all(&self, part: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        if self.capturing {
+            return part();
+        }
+        self.nest(0, part)
+    }
+}
+
+/// A call, validated: what [`plan::call::choose`] and [`exec::run`] need of it.
+struct Checked {
+    ptrs: Vec<validate::Ptrs>,
+    layout: Layout,
+    /// The CUDA-graph capture the streams are in (all or none), if any.
+    capture: Option<exec::Capture>,
 }
 
 impl Communicator {
@@ -103,7 +136,7 @@ impl Communicator {
         self.local_ranks().iter().map(|&r| self.ordinal(r)).collect()
     }
 
-    /// Validate, plan and enqueue one collective.
+    /// Validate, choose the plan, run it: one collective, on either kind of communicator.
     fn collective<T: DeviceElement, S: AsRef<CudaStream>>(
         &self,
         c: Collective,
@@ -111,55 +144,23 @@ impl Communicator {
         op: RedOp,
         streams: &[S],
     ) -> Result<()> {
-        // A failed or aborted communicator runs nothing more.
-        self.health().check()?;
-        if let Some(p) = self.process() {
-            return self.collective_process(p, c, io, op, streams);
-        }
-        // 1. Validate.
-        let size = T::DTYPE.size();
-        let devices = self.devices();
-        let args: Vec<RankArgs> = io.iter().map(Io::args).collect();
-        let checked = validate(c, &args, &devices, &stream_devices(streams), size)?;
-        if c.count() == 0 {
-            return Ok(());
-        }
-        validate::context::check_contexts(
-            &validate::context::rank_contexts(self),
-            &checked.ptrs,
-            streams,
-        )?;
-        // 2. Plan.
-        let n = devices.len();
-        let config = self.config();
-        let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
-        // Whether the streams are being captured into a CUDA graph (all or none: checked here,
-        // before anything is enqueued).
-        let capture = exec::capture(streams)?;
-        let capturing = capture.is_some();
-        let ce_possible = self.copy_engine_usable() && !capturing;
-        let algorithm = match c {
-            Collective::AllReduce { .. } => {
-                tuning::all_reduce_algorithm(max_bytes, n, self.oneshot_usable(), ce_possible, capturing, config)
-            }
-            c if twoshot_other(c)
-                && tuning::twoshot_algorithm(max_bytes, n, self.oneshot_usable() && ce_possible, false, config)
-                    == Algorithm::TwoShot =>
-            {
-                Algorithm::TwoShot
-            }
-            Collective::AllGather { .. } | Collective::Broadcast { .. } | Collective::AllToAll { .. }
-                if tuning::copies_on_copy_engines(
-                    max_bytes,
-                    matches!(c, Collective::Broadcast { .. }),
-                    ce_possible,
-                    config,
-                ) =>
-            {
-                Algorithm::CopyEngine
-            }
-            _ => Algorithm::Ring,
+        // 1. Validate (a failed or aborted communicator runs nothing more).
+        let Some(checked) = self.validate_collective(c, io, op, streams)? else {
+            return Ok(()); // a count of 0
         };
+        // 2. Choose the plan.
+        let call = CallShape {
+            collective: c,
+            dtype: T::DTYPE,
+            layout: checked.layout,
+        };
+        let plan = self.choose(&call, checked.capture.is_some())?;
+        // 3. Run it (after the last check: all ranks' streams captured into a CUDA graph, or
+        // none).
+        let capturing = checked.capture.is_some();
+        if let Some(capture) = &checked.capture {
+            self.keep_alive_in(capture)?;
+        }
         let ptrs: Vec<RankPtrs> = checked
             .ptrs
             .iter()
@@ -168,162 +169,61 @@ impl Communicator {
                 recv: p.recv,
             })
             .collect();
-        let in_place = checked.layout != Layout::OutOfPlace;
-        let ce_plan = match (algorithm, c) {
-            (Algorithm::CopyEngine, Collective::AllReduce { count }) => {
-                let chunk = tuning::ce_chunk_elems(max_bytes, n, T::DTYPE, config);
-                Some(plan::copy_engine::plan(self.ring(), count, chunk, tuning::CE_SLOTS)?)
-            }
-            (Algorithm::CopyEngine, Collective::AllGather { sendcount }) => {
-                Some(plan::copy_engine::all_gather(n, sendcount, in_place))
-            }
-            (Algorithm::CopyEngine, Collective::Broadcast { count, root }) => {
-                Some(plan::copy_engine::broadcast(n, count, root, in_place))
-            }
-            (Algorithm::CopyEngine, Collective::AllToAll { count_per_peer }) => {
-                Some(plan::copy_engine::all_to_all(n, count_per_peer))
-            }
-            _ => None,
+        let track = Tracked::new(io, streams, &checked.ptrs, capturing);
+        let args = exec::Args {
+            dtype: T::DTYPE,
+            op,
+            ptrs: &ptrs,
+            streams,
+            track: &track,
         };
-        let prepared = match algorithm {
-            Algorithm::OneShot | Algorithm::TwoShot | Algorithm::CopyEngine => None,
-            Algorithm::Ring => {
-                let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
-                let key = c.schedule_key(checked.layout, chunk);
-                let (p, new) = self
-                    .plans()
-                    .get_or_build(key, || {
-                        Prepared::new(c.schedule(self.ring(), checked.layout, chunk))
-                    })?;
-                if new {
-                    report!(
-                        config.debug,
-                        Info,
-                        "{} {} count {} {:?}: ring {:?}, chunk {chunk} elements, {} steps",
-                        c.name(),
-                        T::DTYPE.name(),
-                        c.count(),
-                        checked.layout,
-                        self.ring(),
-                        p.schedule.steps.len()
-                    );
-                }
-                Some(p)
-            }
-        };
-        report!(
-            config.debug,
-            Trace,
-            "{} {} count {} op {} {:?}: {algorithm}",
-            c.name(),
-            T::DTYPE.name(),
-            c.count(),
-            op.name(),
-            checked.layout
-        );
-        // 3. Enqueue (after the last check: all ranks' streams captured into a CUDA graph, or
-        // none). cudarc's event tracking (see `buffer`): wait for earlier tracked accesses
-        // now, record this call's accesses when the guards drop, after everything is enqueued.
-        // (A one-shot rank's kernel ends only after every peer is done reading its input, so
-        // the record on its own stream covers the call too.)
-        if let Some(capture) = &capture {
-            self.keep_alive_in(capture)?;
-        }
-        let mut call = self.begin_call();
-        if prepared.is_none() && ce_plan.is_none() {
-            // One-shot or two-shot: each rank's part, its tracking included, is issued on its
-            // own (on the rank's host thread, where the communicator has them). A rank's kernel
-            // ends only after every peer is done reading its input (and, two-shot, writing its
-            // output), so the record on its own stream covers the call.
-            let shot = if algorithm == Algorithm::TwoShot {
-                let mut sms = u32::MAX;
-                for r in 0..n {
-                    sms = sms.min(call.rank(r)?.kernels.sm_count());
-                }
-                exec::oneshot::Shot::Two {
-                    blocks: tuning::twoshot_blocks(max_bytes, n, sms),
-                    of: twoshot_of(c).ok_or_else(|| crate::Error::Internal {
-                        reason: format!("two-shot chosen for a {}", c.name()),
-                    })?,
-                }
-            } else {
-                exec::oneshot::Shot::One
-            };
-            let stream_refs: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
-            let ios: Vec<Mutex<&mut Io<'_, T>>> = io.iter_mut().map(Mutex::new).collect();
-            let around = |r: usize, part: &dyn Fn() -> Result<()>| -> Result<()> {
-                if capturing {
-                    return part();
-                }
-                let (Some(io), Some(stream), Some(p)) = (ios.get(r), stream_refs.get(r), checked.ptrs.get(r))
-                else {
-                    return Err(crate::Error::Internal {
-                        reason: format!("no buffers or stream for rank {r}"),
-                    });
-                };
-                let mut io = io.lock().map_err(|_| crate::Error::Internal {
-                    reason: format!("rank {r}'s buffers are poisoned"),
-                })?;
-                let guards = io.track(stream, p.reads_send, p.writes_recv);
-                let result = part();
-                drop(guards);
-                result
-            };
-            let threads = self.rank_threads();
-            let count = c.count();
-            return exec::oneshot::execute(
-                &mut call, shot, T::DTYPE, op, &ptrs, in_place, count, streams, capturing, threads, &around,
-            );
-        }
-        let guards = track(io, streams, &checked.ptrs, capturing);
-        let result = match (&prepared, &ce_plan) {
-            (Some(p), _) => exec::ring::execute(&mut call, p, T::DTYPE, op, &ptrs, streams, capturing),
-            (None, Some(p)) => exec::copy_engine::execute(&mut call, p, T::DTYPE, op, &ptrs, streams),
-            (None, None) => Err(crate::Error::Internal {
-                reason: "neither a ring, a copy-engine nor a one-shot plan".into(),
-            }),
-        };
-        drop(call);
-        drop(guards);
-        result
+        exec::run(&plan, self.handle(capturing), &args)
     }
 
-    /// [`Communicator::collective`] for a rank of a job of processes: the same three stages,
-    /// with the schedule rewritten so that ranks reach each other only in their exported
-    /// scratch, and ordered by signals ([`exec::process`]).
-    fn collective_process<T: DeviceElement, S: AsRef<CudaStream>>(
+    /// Step 1 of a collective: checks the call against what this communicator holds (and, in
+    /// a job of processes with [`Config::check_calls`](crate::Config::check_calls), against
+    /// every rank's call). `None` for a count of 0 (nothing to enqueue).
+    fn validate_collective<T: DeviceElement, S: AsRef<CudaStream>>(
         &self,
-        p: &ProcessRank,
         c: Collective,
-        io: &mut [Io<'_, T>],
+        io: &[Io<'_, T>],
         op: RedOp,
         streams: &[S],
-    ) -> Result<()> {
-        // 1. Validate what this process holds.
+    ) -> Result<Option<Checked>> {
+        self.health().check()?;
         let size = T::DTYPE.size();
         let devices = self.devices();
         let args: Vec<RankArgs> = io.iter().map(Io::args).collect();
-        let held = Held {
-            nranks: p.nranks,
-            ranks: self.local_ranks(),
-            devices: &devices,
+        let checked = match self.process() {
+            None => validate(c, &args, &devices, &stream_devices(streams), size)?,
+            Some(p) => {
+                let held = Held {
+                    nranks: p.nranks,
+                    ranks: self.local_ranks(),
+                    devices: &devices,
+                };
+                let checked = validate_held(c, &args, &held, &stream_devices(streams), size)?;
+                if self.config().check_calls {
+                    // Before the count-0 return: every rank takes part in the exchange.
+                    let op = c.kind().has_op().then_some(op);
+                    let sig = check::CallSig::collective(c.name(), T::DTYPE, op, c.count(), c.root());
+                    check::compare(p.rank, &p.boot.all_gather(&sig.encode())?)?;
+                }
+                checked
+            }
         };
-        let checked = validate_held(c, &args, &held, &stream_devices(streams), size)?;
-        if self.config().check_calls {
-            // Before the count-0 return: every rank takes part in the exchange.
-            let op = c.kind().has_op().then_some(op);
-            let sig = check::CallSig::collective(c.name(), T::DTYPE, op, c.count(), c.root());
-            check::compare(p.rank, &p.boot.all_gather(&sig.encode())?)?;
-        }
         if c.count() == 0 {
-            return Ok(());
+            return Ok(None);
         }
         validate::context::check_contexts(
             &validate::context::rank_contexts(self),
             &checked.ptrs,
             streams,
         )?;
-        if exec::capturing(streams)? {
+        // Whether the streams are being captured into a CUDA graph (all or none: checked here,
+        // before anything is enqueued).
+        let capture = exec::capture(streams)?;
+        if let (Some(p), Some(_)) = (self.process(), &capture) {
             return Err(crate::Error::invalid(
                 Some(p.rank),
                 crate::Arg::Stream,
@@ -331,186 +231,77 @@ impl Communicator {
                  eagerly",
             ));
         }
-        // 2. Plan.
-        let n = p.nranks;
+        Ok(Some(Checked {
+            ptrs: checked.ptrs,
+            layout: checked.layout,
+            capture,
+        }))
+    }
+
+    /// Step 2: [`plan::call::choose`] on this communicator's view, reported at
+    /// `RINGCCL_DEBUG=info` for each new call shape and at `trace` for every call.
+    fn choose(&self, call: &CallShape, capturing: bool) -> Result<CallPlan> {
         let config = self.config();
-        let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
-        let (Some(ptrs), Some(stream)) = (checked.ptrs.first(), streams.first()) else {
-            return Err(crate::Error::Internal {
-                reason: "no arguments for this process's rank".into(),
-            });
-        };
-        let mine = RankPtrs {
-            send: ptrs.send,
-            recv: ptrs.recv,
-        };
-        let me = self.resources(p.rank);
-        if let Some(net) = &p.net {
-            // Some ranks are on other machines (or every pair is forced onto the network):
-            // the collective as groups of point-to-point transfers, receives combined by a
-            // reduce kernel where it reduces (`plan::net`). Each group's transfers with ranks
-            // of this machine go over CUDA IPC, the others over the network
-            // (`exec::hybrid`); all-reduce, all-gather and broadcast are hierarchical where
-            // every machine has as many ranks, two or more (`plan::net::hierarchical`).
-            let in_place = checked.layout != Layout::OutOfPlace;
-            let what = (c.kind(), c.count(), c.root().unwrap_or(0));
-            let hierarchical = match p.net_all {
-                false => plan::net::hierarchical(what, p.rank, &p.machines, size, in_place),
-                true => None,
-            };
-            let how = if hierarchical.is_some() { "hierarchical" } else { "flat" };
-            let groups =
-                hierarchical.unwrap_or_else(|| plan::net::groups(what, (p.rank, n), size, in_place));
-            report!(
-                config.debug,
-                Trace,
-                "{} {} count {} across processes: {how} groups over the network{}, {} groups",
-                c.name(),
-                T::DTYPE.name(),
-                c.count(),
-                if p.net_all { "" } else { " and CUDA IPC" },
-                groups.len()
-            );
-            let guards = track(io, streams, &checked.ptrs, false);
-            let mut state = p.lock();
-            let mut net = net.lock().unwrap_or_else(|e| e.into_inner());
-            let cap = me.caps.for_traffic(tuning::Traffic::Local);
-            let bound = exec::net::Bound {
-                kernels: &me.kernels,
-                health: self.health(),
-            };
-            let unit = c.count().saturating_mul(size);
-            let result = if p.net_all {
-                exec::net::collective(
-                    &mut net,
-                    &p.memops,
-                    bound,
-                    cap,
-                    (T::DTYPE, op),
-                    (mine.send, mine.recv),
-                    (&groups, unit),
-                    stream.as_ref(),
-                    &state.end,
-                )
-            } else {
-                let mut call = exec::process::ProcessCall {
-                    me,
-                    state: &mut state,
-                    memops: &p.memops,
-                    health: self.health(),
+        let (plan, new) = match self.kind() {
+            Kind::Local { plans, .. } => {
+                let sms = || {
+                    self.local_ranks()
+                        .iter()
+                        .map(|&r| self.resources(r).kernels.sm_count())
+                        .min()
+                        .unwrap_or(u32::MAX)
                 };
-                exec::hybrid::collective(
-                    &mut net,
-                    &mut call,
-                    bound,
-                    cap,
-                    (T::DTYPE, op),
-                    (mine.send, mine.recv),
-                    (&groups, unit),
-                    stream.as_ref(),
-                )
-            };
-            drop(guards);
-            return result;
-        }
-        if let Some(q) = p.lock().windows.remote_peer() {
-            return Err(crate::Error::Network {
-                rank: Some(p.rank),
-                peer: Some(q),
-                reason: format!(
-                    "rank {q} runs on another machine: it is reached only over the network \
-                     transport (RINGCCL_NET=ucx)"
-                ),
-            });
-        }
-        let algorithm = match c {
-            Collective::AllReduce { .. } => Some(tuning::process_all_reduce_algorithm(max_bytes, n, config)),
-            c if twoshot_other(c) => Some(tuning::twoshot_algorithm(max_bytes, n, true, true, config)),
-            _ => None,
-        };
-        if let Some(algorithm) = algorithm {
-            let shot = match algorithm {
-                Algorithm::OneShot => Some(exec::oneshot::Shot::One),
-                Algorithm::TwoShot => Some(exec::oneshot::Shot::Two {
-                    blocks: tuning::twoshot_blocks(max_bytes, n, p.lock().windows.two_shot_sms()),
-                    of: twoshot_of(c).ok_or_else(|| crate::Error::Internal {
-                        reason: format!("two-shot chosen for a {}", c.name()),
-                    })?,
-                }),
-                _ => None,
-            };
-            if let Some(shot) = shot {
-                let count = c.count();
-                report!(
-                    config.debug,
-                    Trace,
-                    "{} {} count {count} across processes: {algorithm}",
-                    c.name(),
-                    T::DTYPE.name()
-                );
-                let bytes = count.saturating_mul(size);
-                let scratch = exec::process::scratch_for(shot, bytes, n).ok_or_else(|| crate::Error::Internal {
-                    reason: format!("a call of {bytes} bytes per rank overflows the scratch size"),
-                })?;
-                let guards = track(io, streams, &checked.ptrs, false);
-                let mut state = p.lock();
-                p.ensure_scratch(&mut state, scratch, self.health())?;
-                let mut call = exec::process::ProcessCall {
-                    me,
-                    state: &mut state,
-                    memops: &p.memops,
-                    health: self.health(),
-                };
-                let result =
-                    exec::process::execute_oneshot(&mut call, shot, T::DTYPE, op, mine, count, stream.as_ref());
-                drop(guards);
-                return result;
+                let view = CommView::Local(LocalView {
+                    ring: self.ring(),
+                    oneshot_usable: self.oneshot_usable(),
+                    copy_engine_usable: self.copy_engine_usable(),
+                    capturing,
+                    sms: &sms,
+                    plans,
+                });
+                plan::call::choose(call, &view, config)?
             }
-        }
-        let chunk = tuning::chunk_elems(max_bytes, n, T::DTYPE, config);
-        let key = c.schedule_key(checked.layout, chunk);
-        let (plan, new) = p.plans.get_or_build(key, || {
-            ProcessPlan::new(&c.schedule(self.ring(), checked.layout, chunk))
-        })?;
+            Kind::Process(p) => {
+                let remote_peer = || p.lock().windows.remote_peer();
+                let sms = || p.lock().windows.two_shot_sms();
+                let view = CommView::Process(ProcessView {
+                    rank: p.rank,
+                    nranks: p.nranks,
+                    ring: self.ring(),
+                    net: p.net.as_ref().map(|_| NetView {
+                        all: p.net_all,
+                        machines: &p.machines,
+                    }),
+                    remote_peer: &remote_peer,
+                    sms: &sms,
+                    plans: &p.plans,
+                });
+                plan::call::choose(call, &view, config)?
+            }
+        };
+        let c = call.collective;
         if new {
             report!(
                 config.debug,
                 Info,
-                "{} {} count {} {:?}: ring {:?} across processes, chunk {chunk} elements, {} steps, {} signals",
+                "{} {} count {} {:?}: ring {:?}: {plan:?}",
                 c.name(),
-                T::DTYPE.name(),
+                call.dtype.name(),
                 c.count(),
-                checked.layout,
+                call.layout,
                 self.ring(),
-                plan.prepared.schedule.steps.len(),
-                plan.signals.count.iter().sum::<u64>()
             );
         }
-        // 3. Enqueue (scratch grows first, collectively, if this shape needs more).
-        let mut state = p.lock();
-        p.ensure_scratch(
-            &mut state,
-            plan.prepared.schedule.scratch_len.saturating_mul(size),
-            self.health(),
-        )?;
-        let guards = track(io, streams, &checked.ptrs, false);
-        let mut call = exec::process::ProcessCall {
-            me,
-            state: &mut state,
-            memops: &p.memops,
-            health: self.health(),
-        };
-        let result = exec::process::execute(
-            &mut call,
-            &plan.prepared,
-            &plan.signals,
-            T::DTYPE,
-            op,
-            mine,
-            stream.as_ref(),
+        report!(
+            config.debug,
+            Trace,
+            "{} {} count {} {:?}: {plan:?}",
+            c.name(),
+            call.dtype.name(),
+            c.count(),
+            call.layout
         );
-        drop(guards);
-        result
+        Ok(plan)
     }
 
     /// All-reduce: every rank's output gets the reduction (`op`) over ranks of their `count`

@@ -356,21 +356,16 @@ impl Communicator {
                 used[i] = true;
                 used[j] = true;
             }
-            // Not under CUDA-graph capture (see `track` in `api`).
-            let capture = exec::capture(streams)?;
-            let capturing = capture.is_some();
-            let guards: Vec<SyncOnDrop<'_>> = ops
-                .iter_mut()
-                .zip(&used)
-                .filter(|(_, &u)| u && !capturing)
-                .map(|(o, _)| {
-                    let r = o.rank;
-                    o.track(streams[r].as_ref())
-                })
-                .collect();
-            let result = self.enqueue_rounds::<T, S>(&pairs, &rounds, streams, capture);
-            drop(guards);
-            return result;
+            return self.run_transfers::<T, S, _>(&pairs, &rounds, streams, |capturing| {
+                ops.iter_mut()
+                    .zip(&used)
+                    .filter(|(_, &u)| u && !capturing)
+                    .map(|(o, _)| {
+                        let r = o.rank;
+                        o.track(streams[r].as_ref())
+                    })
+                    .collect::<Vec<SyncOnDrop<'_>>>()
+            });
         };
         // One rank of a job of processes.
         if self.config().check_calls {
@@ -415,7 +410,7 @@ impl Communicator {
             })
             .collect();
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
-        let mut state = p.lock();
+        let mut call = self.process_call(p);
         let guards: Vec<SyncOnDrop<'_>> = ops
             .iter_mut()
             .filter(|o| o.count > 0)
@@ -426,12 +421,6 @@ impl Communicator {
             kernels: &me.kernels,
             health: self.health(),
         };
-        let mut call = exec::process::ProcessCall {
-            me,
-            state: &mut state,
-            memops: &p.memops,
-            health: self.health(),
-        };
         // Ranks on other machines over the network, the others over the mapped scratch (or
         // every rank over the network: `RINGCCL_NET=ucx` with `RINGCCL_P2P_DISABLE=1`).
         let mut net = p.net.as_ref().map(|n| n.lock().unwrap_or_else(|e| e.into_inner()));
@@ -440,7 +429,11 @@ impl Communicator {
                 exec::hybrid::peer_ops(net, &mut call, bound, &pops, &bufs, stream.as_ref())
             }
             Some(net) => {
-                exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &call.state.end)
+                // SAFETY: `bufs[i]` is operation `i`'s buffer, validated above (on this rank's
+                // device, `pops[i].bytes` long, receives overlapping nothing else of the group)
+                // and tracked by cudarc's events until the group's work on `stream` has ended
+                // (`guards`); `end` and `net` are this communicator's.
+                unsafe { exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &call.state.end) }
             }
             None => {
                 let scratch = call.state.windows.scratch_bytes();

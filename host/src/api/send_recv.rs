@@ -254,22 +254,36 @@ impl Communicator {
         for &i in rounds.iter().flatten() {
             used[i] = true;
         }
-        // Not under CUDA-graph capture (see `track` in `api`).
+        self.run_transfers::<T, S, _>(&args, &rounds, streams, |capturing| {
+            pairs
+                .iter_mut()
+                .zip(&used)
+                .filter(|(_, &u)| u && !capturing)
+                .map(|(p, _)| {
+                    let (from, to) = (p.args.from, p.args.to);
+                    [
+                        p.send_buf.track_read(streams[from].as_ref()),
+                        p.recv_buf.track_write(streams[to].as_ref()),
+                    ]
+                })
+                .collect::<Vec<[SyncOnDrop<'_>; 2]>>()
+        })
+    }
+
+    /// What [`Communicator::send_recv`] and a communicator of one process's
+    /// [`Communicator::peer_ops`] share once the transfers `args` are validated as `rounds`:
+    /// the buffers' tracking (`track`, told whether the streams are being captured into a CUDA
+    /// graph: then nothing is tracked, see `Tracked` in `api`), then the rounds enqueued.
+    pub(crate) fn run_transfers<T: DeviceElement, S: AsRef<CudaStream>, G>(
+        &self,
+        args: &[P2pArgs],
+        rounds: &[Vec<usize>],
+        streams: &[S],
+        track: impl FnOnce(bool) -> G,
+    ) -> Result<()> {
         let capture = exec::capture(streams)?;
-        let capturing = capture.is_some();
-        let guards: Vec<[SyncOnDrop<'_>; 2]> = pairs
-            .iter_mut()
-            .zip(&used)
-            .filter(|(_, &u)| u && !capturing)
-            .map(|(p, _)| {
-                let (from, to) = (p.args.from, p.args.to);
-                [
-                    p.send_buf.track_read(streams[from].as_ref()),
-                    p.recv_buf.track_write(streams[to].as_ref()),
-                ]
-            })
-            .collect();
-        let result = self.enqueue_rounds::<T, S>(&args, &rounds, streams, capture);
+        let guards = track(capture.is_some());
+        let result = self.enqueue_rounds::<T, S>(args, rounds, streams, capture);
         drop(guards);
         result
     }

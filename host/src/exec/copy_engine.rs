@@ -18,7 +18,7 @@
 
 use cudarc::driver::CudaStream;
 
-use super::{internal, record, scratch_for_call, wait, RankPtrs};
+use super::{internal, join_at_end, mark, record, scratch_for_call, wait, RankPtrs};
 use crate::driver::launch::Prim;
 use crate::plan::copy_engine::{CePlan, Lane, Loc, Work};
 use crate::plan::tuning::Traffic;
@@ -27,7 +27,7 @@ use crate::{DataType, Error, RedOp, Result};
 
 /// Enqueues `p` for `dtype` and `op` on `streams` (one per rank) and the ranks' copy streams,
 /// with the caller's buffers `ptrs`. Every rank must reach every other's memory directly.
-pub fn execute<S: AsRef<CudaStream>>(
+pub(crate) fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     p: &CePlan,
     dtype: DataType,
@@ -67,23 +67,9 @@ pub fn execute<S: AsRef<CudaStream>>(
         let mut marks = Vec::with_capacity(n);
         for q in 0..n {
             let copy = call.rank(q).map(|r| r.copy_stream.clone());
-            let ix = call.next_event(q).ok();
-            let ok = match (copy, ix) {
-                (Ok(s), Some(ix)) => call.event(q, ix).is_ok_and(|e| e.record(&s).is_ok()),
-                _ => false,
-            };
-            marks.push(ix.filter(|_| ok));
+            marks.push(copy.ok().and_then(|s| mark(call, q, &s)));
         }
-        for (r, stream) in streams.iter().enumerate() {
-            for (q, ix) in marks.iter().enumerate() {
-                if let Some(e) = ix.and_then(|ix| call.event(q, ix).ok()) {
-                    let _ = stream.as_ref().wait(e);
-                }
-            }
-            if let Ok(end) = call.end_event(r) {
-                let _ = end.record(stream.as_ref());
-            }
-        }
+        join_at_end(call, streams, &marks);
     }
     issued
 }

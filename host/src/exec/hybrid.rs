@@ -68,7 +68,7 @@ fn run_part(
 /// what the groups address; `unit_bytes` (the call's count in bytes, the same on every rank)
 /// sizes the network's chunks. Ordered after this rank's previous call and recorded as its end.
 #[allow(clippy::too_many_arguments)]
-pub fn collective(
+pub(crate) fn collective(
     net: &mut NetRank,
     call: &mut ProcessCall<'_>,
     bound: Bound<'_>,
@@ -101,7 +101,7 @@ pub fn collective(
 /// A `peer_ops` group whose peers are partly on this machine and partly on others: its
 /// transfers with ranks of this machine over CUDA IPC, then the others over the network.
 /// `bufs[i]` is the address of operation `i`'s buffer (validated by the caller).
-pub fn peer_ops(
+pub(crate) fn peer_ops(
     net: &mut NetRank,
     call: &mut ProcessCall<'_>,
     bound: Bound<'_>,

@@ -8,7 +8,9 @@
 //!   reached over CUDA IPC, the network, or both (ranks on several machines);
 //! * [`oneshot`]: the one-shot all-reduce, one kernel per rank, ordered by a device-side
 //!   barrier, issued from one host thread per GPU at once ([`crate::resources::rank_threads`]);
-//! * here: what both share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
+//! * [`run`]: the one dispatch, from a [`CallPlan`](crate::plan::call::CallPlan) and the
+//!   communicator's per-call [`Handle`] to the executor the plan names;
+//! * here: what all share: the caller's buffers as addresses ([`RankPtrs`]), the CUDA-graph
 //!   capture rules, and scratch for one call.
 //!
 //! ## CUDA graphs
@@ -35,6 +37,10 @@ pub mod net;
 pub mod p2p;
 pub mod process;
 pub mod ring;
+mod run;
+
+pub(crate) use run::run;
+pub use run::{Args, Handle, Track};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
@@ -43,7 +49,7 @@ pub use crate::driver::graph::Capture;
 use crate::driver::graph::capture_of;
 use crate::driver::launch::Prim;
 use crate::plan::tuning::Traffic;
-use crate::resources::Call;
+use crate::resources::{Call, Health};
 use crate::schedule::Step;
 use crate::{Arg, Error, Result};
 
@@ -98,6 +104,41 @@ fn traffic(reads_peer: bool, writes_peer: bool) -> Traffic {
         (true, true) => Traffic::PeerDuplex,
         (false, false) => Traffic::Local,
         _ => Traffic::Peer,
+    }
+}
+
+/// A call that failed after part of it was enqueued (`enqueued`: the ranks whose work went
+/// out): the communicator is failed, its abort word ending the device waits already enqueued,
+/// and the error tells the caller its buffers hold no result.
+fn partly_enqueued(health: &Health, enqueued: Vec<usize>, cause: Error) -> Error {
+    let e = Error::PartlyEnqueued {
+        enqueued,
+        cause: Box::new(cause),
+    };
+    health.fail(e.clone());
+    e
+}
+
+/// Records rank `q`'s next event of the call on `stream` (best effort, after a failure): its
+/// index, if recorded.
+fn mark(call: &mut Call<'_>, q: usize, stream: &CudaStream) -> Option<usize> {
+    let ix = call.next_event(q).ok()?;
+    call.event(q, ix).is_ok_and(|e| e.record(stream).is_ok()).then_some(ix)
+}
+
+/// After a failed issue (best effort): every rank's stream waits for every rank's `marks`
+/// (what went out may touch any rank's memory), then records the rank's end, so that the next
+/// call's start (and a scratch reallocation) waits for all of it.
+fn join_at_end<S: AsRef<CudaStream>>(call: &Call<'_>, streams: &[S], marks: &[Option<usize>]) {
+    for (r, stream) in streams.iter().enumerate() {
+        for (q, ix) in marks.iter().enumerate() {
+            if let Some(e) = ix.and_then(|ix| call.event(q, ix).ok()) {
+                let _ = stream.as_ref().wait(e);
+            }
+        }
+        if let Ok(end) = call.end_event(r) {
+            let _ = end.record(stream.as_ref());
+        }
     }
 }
 

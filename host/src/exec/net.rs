@@ -29,7 +29,13 @@ use crate::{Error, Result};
 /// the caller to hold the operation's bytes). The group starts after
 /// `end` (this rank's previous call) and records its own end there, so that the rank's groups
 /// post their signals in order whatever streams they run on.
-pub fn execute(
+///
+/// # Safety
+/// Every `bufs[i]` is a device address this rank's GPU may read (a send) or write (a
+/// receive) for `group_ops[i].bytes` bytes, alive until the group's work on `stream` has
+/// ended; no other work touches a receive buffer meanwhile. `end` is this rank's end-of-call
+/// event and `net` its network rank (the same communicator's).
+pub unsafe fn execute(
     net: &mut NetRank,
     ops: &MemOps,
     bound: Bound<'_>,
@@ -189,7 +195,7 @@ pub(crate) fn group(
 ///
 /// Ordered after `end` and recorded there, like [`execute`].
 #[allow(clippy::too_many_arguments)]
-pub fn collective(
+pub(crate) fn collective(
     net: &mut NetRank,
     ops: &MemOps,
     bound: Bound<'_>,

@@ -19,7 +19,7 @@
 //! and no other rank's kernel is left waiting for it. If a launch still fails after some ranks'
 //! kernels went out, the communicator is failed at once: its abort word releases the launched
 //! kernels from the barrier within microseconds (they skip their work and end), and the call
-//! returns [`Error::PartlyEnqueued`].
+//! returns [`Error::PartlyEnqueued`](crate::Error::PartlyEnqueued).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -27,94 +27,13 @@ use cudarc::driver::CudaStream;
 use gpu_kernels::oneshot::MAX_RANKS;
 
 use crate::resources::rank_threads::RankThreads;
-use super::{internal, record, scratch_for_call, wait, Around, RankPtrs};
+use super::{internal, partly_enqueued, record, scratch_for_call, wait, Around, RankPtrs};
 use crate::driver::launch::{OneShotArgs, TwoShotArgs};
+use crate::driver::Kernels;
 use crate::resources::Call;
-use crate::{DataType, Error, RedOp, Result};
+use crate::{DataType, RedOp, Result};
 
-/// Which kernel [`execute`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shot {
-    /// The one-shot kernel: one block per rank (an all-reduce).
-    One,
-    /// The two-shot kernel in this many blocks per rank (the same on every rank:
-    /// [`crate::plan::tuning::twoshot_blocks`]).
-    Two {
-        /// Blocks per rank.
-        blocks: u32,
-        /// The collective it runs.
-        of: TwoShotOf,
-    },
-}
-
-/// The collective a two-shot kernel runs (`gpu_kernels::oneshot::what`): the all-reduce, or
-/// another collective on the same barriers. `count` is then what the collective calls it: the
-/// length of the full buffers (all-reduce, broadcast, reduce) or each rank's share
-/// (reduce-scatter's `recvcount`, all-gather's `sendcount`, all-to-all's count per peer).
-///
-/// ```
-/// use ringccl::internals::exec::oneshot::TwoShotOf;
-/// assert_eq!(TwoShotOf::AllReduce.what(), 0);
-/// assert_eq!(TwoShotOf::Reduce { root: 1 }.root(), 1);
-/// assert_eq!((TwoShotOf::ReduceScatter.postdiv(4), TwoShotOf::AllGather.postdiv(4)), (4, 1));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TwoShotOf {
-    /// Reduce-scatter, then all-gather.
-    AllReduce,
-    /// The reduce-scatter alone.
-    ReduceScatter,
-    /// The all-gather alone.
-    AllGather,
-    /// The all-to-all.
-    AllToAll,
-    /// The broadcast from `root`: every rank copies the root's input.
-    Broadcast {
-        /// The rank whose input is copied.
-        root: usize,
-    },
-    /// The reduce to `root`: the root folds every rank's input.
-    Reduce {
-        /// The rank that receives.
-        root: usize,
-    },
-}
-
-impl TwoShotOf {
-    /// The kernel's `what` argument.
-    pub fn what(self) -> u32 {
-        use gpu_kernels::oneshot::what;
-        match self {
-            TwoShotOf::AllReduce => what::ALL_REDUCE,
-            TwoShotOf::ReduceScatter => what::REDUCE_SCATTER,
-            TwoShotOf::AllGather => what::ALL_GATHER,
-            TwoShotOf::AllToAll => what::ALL_TO_ALL,
-            TwoShotOf::Broadcast { .. } => what::BROADCAST,
-            TwoShotOf::Reduce { .. } => what::REDUCE,
-        }
-    }
-
-    /// The kernel's `root` argument (0 where there is none).
-    pub fn root(self) -> u32 {
-        match self {
-            TwoShotOf::Broadcast { root } | TwoShotOf::Reduce { root } => {
-                u32::try_from(root).unwrap_or(u32::MAX)
-            }
-            _ => 0,
-        }
-    }
-
-    /// The kernel's `postdiv` for `nranks` ranks: the rank count where something is reduced
-    /// (an `avg` divides by it), 1 for the copies.
-    pub fn postdiv(self, nranks: usize) -> u32 {
-        match self {
-            TwoShotOf::AllReduce | TwoShotOf::ReduceScatter | TwoShotOf::Reduce { .. } => {
-                u32::try_from(nranks).unwrap_or(u32::MAX)
-            }
-            _ => 1,
-        }
-    }
-}
+pub use crate::plan::call::{Shot, TwoShotOf};
 
 /// Enqueues a one-shot or two-shot (`shot`) all-reduce of `count` elements, or another
 /// collective on the two-shot kernel ([`TwoShotOf`], which says what `count` counts).
@@ -132,7 +51,7 @@ impl TwoShotOf {
 /// call issues the ranks' parts at the same time, one host thread per GPU; then a failure of
 /// some ranks' launches is reported with the ranks that did launch.
 #[allow(clippy::too_many_arguments)]
-pub fn execute<S: AsRef<CudaStream>>(
+pub(crate) fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     shot: Shot,
     dtype: DataType,
@@ -171,10 +90,6 @@ pub fn execute<S: AsRef<CudaStream>>(
         srcs[r] = ptrs[r].send;
         dsts[r] = ptrs[r].recv;
     }
-    let postdiv = match shot {
-        Shot::One => TwoShotOf::AllReduce.postdiv(n),
-        Shot::Two { of, .. } => of.postdiv(n),
-    };
 
     let mut tmp = [None; MAX_RANKS];
     if in_place && shot == Shot::One {
@@ -193,11 +108,7 @@ pub fn execute<S: AsRef<CudaStream>>(
     }
     let (ctl, timeout_ns) = (health.ctl(), health.timeout_ns());
     for r in 0..n {
-        let kernels = &call.rank(r)?.kernels;
-        match shot {
-            Shot::One => kernels.oneshot_ready(dtype, op, n).map(drop)?,
-            Shot::Two { blocks, of } => kernels.twoshot_ready(dtype, op, n, blocks, of.what()).map(drop)?,
-        }
+        ready(&call.rank(r)?.kernels, shot, dtype, op, n)?;
         call.end_event(r)?;
     }
     let streams: Vec<&CudaStream> = streams.iter().map(AsRef::as_ref).collect();
@@ -212,52 +123,29 @@ pub fn execute<S: AsRef<CudaStream>>(
                 wait(stream, call_ref.end_event(r)?, r)?;
             }
             health.injected_failure(r)?;
-            let kernels = &call_ref.rank(r)?.kernels;
-            match shot {
-                Shot::One => {
-                    let args = OneShotArgs {
-                        srcs: &srcs[..n],
-                        dst: ptrs[r].recv,
-                        tmp: tmp[r],
-                        count,
-                        postdiv,
-                        flags: &flags[..n],
-                        rank: r,
-                        ctl,
-                        timeout_ns,
-                        stage: None,
-                    };
-                    // SAFETY: the collective validated every rank's `count`-element buffers
-                    // (inputs and outputs on their own devices, outputs not partially
-                    // overlapping inputs); `tmp` is `count` elements of rank `r`'s scratch,
-                    // sized above; the flag arrays are the communicator's, alive until its drop
-                    // waits for this call's end (as is the control block); the caller checked
-                    // peer access between every pair of ranks.
-                    unsafe { kernels.launch_oneshot(stream, dtype, op, &args)? };
-                }
-                Shot::Two { blocks, of } => {
-                    let args = TwoShotArgs {
-                        srcs: &srcs[..n],
-                        dsts: &dsts[..n],
-                        count,
-                        postdiv,
-                        flags: &flags[..n],
-                        rank: r,
-                        blocks,
-                        ctl,
-                        timeout_ns,
-                        stage: None,
-                        what: (of.what(), of.root()),
-                    };
-                    // SAFETY: as for the one-shot kernel, for every rank's input and output
-                    // (validated for the collective `of` runs: lengths in units of `count`, and a
-                    // rank's output equals its input, is its shard of it in NCCL's in-place
-                    // layout, or overlaps neither; unused buffers are 0 and never touched); the
-                    // two-shot flag regions are the communicator's, used by its two-shot kernels
-                    // only.
-                    unsafe { kernels.launch_twoshot(stream, dtype, op, &args)? };
-                }
-            }
+            let kernel = RankKernel {
+                shot,
+                srcs: &srcs[..n],
+                dsts: &dsts[..n],
+                flags: &flags[..n],
+                rank: r,
+                count,
+                dst: ptrs[r].recv,
+                tmp: tmp[r],
+                stage: None,
+                ctl,
+                timeout_ns,
+            };
+            // SAFETY: the collective validated every rank's `count`-element buffers (inputs
+            // and outputs on their own devices, outputs not partially overlapping inputs; for
+            // the two-shot kernel's other collectives, lengths in units of `count` as `of`
+            // counts them, and a rank's output equals its input, is its shard of it in NCCL's
+            // in-place layout, or overlaps neither; unused buffers are 0 and never touched);
+            // `tmp` is `count` elements of rank `r`'s scratch, sized above; the flag arrays
+            // (one-shot) and regions (two-shot) are the communicator's, used by its one-shot
+            // (two-shot) kernels only and alive until its drop waits for this call's end (as
+            // is the control block); the caller checked peer access between every pair.
+            unsafe { kernel.launch(&call_ref.rank(r)?.kernels, stream, dtype, op)? };
             launched[r].store(true, Ordering::Relaxed);
             if !capturing {
                 record(call_ref.end_event(r)?, stream, r)?;
@@ -303,10 +191,93 @@ pub fn execute<S: AsRef<CudaStream>>(
     // The launched ranks' kernels wait at the barrier for the others, which will never come:
     // fail the communicator, which sets the abort word and releases them.
     call.disable_oneshot();
-    let e = Error::PartlyEnqueued {
-        enqueued,
-        cause: Box::new(cause),
-    };
-    call.health().fail(e.clone());
-    Err(e)
+    Err(partly_enqueued(call.health(), enqueued, cause))
+}
+
+/// Checks that `kernels` can run `shot` for `dtype`, `op` and `n` ranks, before anything of
+/// the call is launched.
+pub(crate) fn ready(kernels: &Kernels, shot: Shot, dtype: DataType, op: RedOp, n: usize) -> Result<()> {
+    match shot {
+        Shot::One => kernels.oneshot_ready(dtype, op, n).map(drop),
+        Shot::Two { blocks, of } => kernels.twoshot_ready(dtype, op, n, blocks, of.what()).map(drop),
+    }
+}
+
+/// One rank's kernel of a one-shot or two-shot call, its addresses resolved: the part both
+/// kinds of communicator share. They differ only in where the peers' memory comes from (direct
+/// peer access to the caller's buffers in one process; the peers' scratch, mapped over CUDA
+/// IPC, among processes: `exec::process`) and so in what is staged.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RankKernel<'a> {
+    /// Which kernel, and for two-shot the collective.
+    pub shot: Shot,
+    /// Every rank's input (or its copy), in rank order.
+    pub srcs: &'a [u64],
+    /// Every rank's output (or where it is gathered), in rank order (two-shot).
+    pub dsts: &'a [u64],
+    /// Every rank's flag array (one-shot) or region (two-shot), in rank order.
+    pub flags: &'a [u64],
+    /// This rank.
+    pub rank: usize,
+    /// The kernel's count ([`TwoShotOf`] says what it counts).
+    pub count: usize,
+    /// This rank's output (one-shot).
+    pub dst: u64,
+    /// Staging of an in-place one-shot result (`count` elements of scratch).
+    pub tmp: Option<u64>,
+    /// This rank's input and output, where `srcs[rank]` (and, two-shot, `dsts[rank]`) are
+    /// copies the kernel fills first (and empties last); the one-shot kernel uses the input.
+    pub stage: Option<(u64, u64)>,
+    /// The control block's device address.
+    pub ctl: u64,
+    /// How long a wait at a barrier may last, in nanoseconds.
+    pub timeout_ns: u64,
+}
+
+impl RankKernel<'_> {
+    /// Enqueues the kernel on `stream`.
+    ///
+    /// # Safety
+    /// As for `Kernels::launch_oneshot` (one-shot) and `Kernels::launch_twoshot` (two-shot):
+    /// every address is of a live allocation that `kernels`' context reaches, as long as the
+    /// kernel's contract says in units of `count`, and the flag arrays are used by no one but
+    /// the communicator's kernels of the same kind.
+    pub(crate) unsafe fn launch(&self, kernels: &Kernels, stream: &CudaStream, dtype: DataType, op: RedOp) -> Result<()> {
+        let n = self.srcs.len();
+        match self.shot {
+            Shot::One => {
+                let args = OneShotArgs {
+                    srcs: self.srcs,
+                    dst: self.dst,
+                    tmp: self.tmp,
+                    count: self.count,
+                    postdiv: TwoShotOf::AllReduce.postdiv(n),
+                    flags: self.flags,
+                    rank: self.rank,
+                    ctl: self.ctl,
+                    timeout_ns: self.timeout_ns,
+                    stage: self.stage.map(|(send, _)| send),
+                };
+                // SAFETY: the caller's contract.
+                unsafe { kernels.launch_oneshot(stream, dtype, op, &args) }
+            }
+            Shot::Two { blocks, of } => {
+                let args = TwoShotArgs {
+                    srcs: self.srcs,
+                    dsts: self.dsts,
+                    count: self.count,
+                    postdiv: of.postdiv(n),
+                    flags: self.flags,
+                    rank: self.rank,
+                    blocks,
+                    ctl: self.ctl,
+                    timeout_ns: self.timeout_ns,
+                    stage: self.stage,
+                    what: (of.what(), of.root()),
+                };
+                // SAFETY: the caller's contract.
+                unsafe { kernels.launch_twoshot(stream, dtype, op, &args) }
+            }
+        }
+    }
 }

@@ -12,14 +12,14 @@ use cudarc::driver::CudaStream;
 
 use super::net::Combine;
 use super::process::ProcessCall;
-use super::{internal, record, wait};
+use super::{internal, partly_enqueued, record, wait};
 use crate::plan::p2p::{Action, P2pPlan, Place};
 use crate::plan::signals::Signal;
 use crate::{Error, Result};
 
 /// Enqueues `plan` on `stream`; `bufs[i]` is the address of the buffer of the plan's operation
 /// `i` (validated by the caller to hold the operation's bytes).
-pub fn execute(
+pub(crate) fn execute(
     call: &mut ProcessCall<'_>,
     plan: &P2pPlan,
     bufs: &[u64],
@@ -83,12 +83,7 @@ pub(crate) fn group(
         }
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
         // agree. The communicator is failed; its abort word ends the waits already enqueued.
-        let e = Error::PartlyEnqueued {
-            enqueued: vec![r],
-            cause: Box::new(cause),
-        };
-        call.health.fail(e.clone());
-        return Err(e);
+        return Err(partly_enqueued(call.health, vec![r], cause));
     }
     for q in 0..n {
         call.state.sent[q] += plan.sent[q];

@@ -24,25 +24,76 @@
 use cudarc::driver::CudaStream;
 
 use super::ring::region_addr;
-use super::{internal, prim_for, record, traffic, wait, RankPtrs};
+use super::{internal, partly_enqueued, prim_for, record, traffic, wait, RankPtrs};
 use crate::driver::ipc::MemOps;
 use crate::driver::launch::WaitArgs;
 use crate::plan::signals::{Signal, SignalPlan};
 use crate::plan::Prepared;
-use crate::resources::{Health, ProcessState, RankResources};
+use std::sync::MutexGuard;
+
+use crate::resources::{poll_until, Health, ProcessState, RankResources};
+use crate::transport::ipc::Exchange;
 use crate::schedule::{BufId, Region};
 use crate::{DataType, Error, RedOp, Result};
 
-/// What a call of a rank among processes works with.
+/// What a call of a rank among processes works with: the rank's per-call handle, with its
+/// per-call state locked for the call's issue.
 pub struct ProcessCall<'a> {
     /// This rank's device, kernels and launch caps.
     pub me: &'a RankResources,
     /// The windows, the signal counters and the end of the previous call.
-    pub state: &'a mut ProcessState,
+    pub state: MutexGuard<'a, ProcessState>,
     /// The stream memory operations.
     pub memops: &'a MemOps,
     /// The control block and timeout of the device waits, and the failure state.
     pub health: &'a Health,
+    /// The ranks' exchange (the bootstrap), for growing the scratch.
+    pub exchange: &'a dyn Exchange,
+}
+
+impl ProcessCall<'_> {
+    /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
+    /// needs the same at the same call). Waits on the host for this rank's previous call first:
+    /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
+    pub fn ensure_scratch(&mut self, bytes: usize) -> Result<()> {
+        if bytes <= self.state.windows.scratch_bytes() {
+            return Ok(());
+        }
+        let (rank, health) = (self.state.rank, self.health);
+        let end = &self.state.end;
+        let done = poll_until(health.timeout(), || {
+            health.check()?;
+            if let Some(e) = health.device_status() {
+                return Err(e);
+            }
+            match end.try_is_complete() {
+                Ok(true) => Ok(Some(())),
+                Ok(false) => Ok(None),
+                Err(e) => Err(Error::cuda("cuEventQuery", Some(rank), e)),
+            }
+        });
+        match done {
+            Ok(Some(())) => {}
+            Ok(None) => {
+                return Err(Error::Timeout {
+                    rank: Some(rank),
+                    peer: None,
+                    what: "the previous call before growing the scratch".into(),
+                })
+            }
+            Err(e) => {
+                health.fail(e.clone());
+                return Err(e);
+            }
+        }
+        let exchange = self.exchange;
+        // A failed growth leaves the ranks' scratch out of step: the communicator is failed
+        // (and its drop then leaks what the peers may still have mapped).
+        self.state
+            .windows
+            .grow_scratch(bytes, exchange)
+            .inspect_err(|e| health.fail(e.clone()))
+    }
 }
 
 impl ProcessCall<'_> {
@@ -82,7 +133,7 @@ impl ProcessCall<'_> {
 /// Enqueues this rank's part of `p` (a schedule for processes, with its signals `sig`) on
 /// `stream`, with this rank's buffers `mine`.
 #[allow(clippy::too_many_arguments)]
-pub fn execute(
+pub(crate) fn execute(
     call: &mut ProcessCall<'_>,
     p: &Prepared,
     sig: &SignalPlan,
@@ -127,12 +178,7 @@ pub fn execute(
         }
         // Signals already enqueued cannot be taken back: the peers' counters and ours no longer
         // agree. The communicator is failed; its abort word ends the waits already enqueued.
-        let e = Error::PartlyEnqueued {
-            enqueued: vec![r],
-            cause: Box::new(cause),
-        };
-        call.health.fail(e.clone());
-        return Err(e);
+        return Err(partly_enqueued(call.health, vec![r], cause));
     }
     for q in 0..n {
         call.state.sent[q] += sig.count[r * n + q];
@@ -238,7 +284,7 @@ fn issue(
 /// writing it), so the next call may overwrite it. No signal, no event crosses processes. The
 /// caller checks that the kind is possible (2 to `MAX_RANKS` ranks) and that the scratch holds
 /// the call ([`scratch_for`]).
-pub fn execute_oneshot(
+pub(crate) fn execute_oneshot(
     call: &mut ProcessCall<'_>,
     shot: super::oneshot::Shot,
     dtype: DataType,
@@ -247,8 +293,7 @@ pub fn execute_oneshot(
     count: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    use super::oneshot::{Shot, TwoShotOf};
-    use crate::driver::launch::{OneShotArgs, TwoShotArgs};
+    use super::oneshot::{RankKernel, Shot, TwoShotOf};
     use gpu_kernels::oneshot::MAX_RANKS;
     let st = &call.state;
     let (r, n) = (st.rank, st.sent.len());
@@ -323,10 +368,7 @@ pub fn execute_oneshot(
         }
     };
     call.health.check()?;
-    match shot {
-        Shot::One => call.me.kernels.oneshot_ready(dtype, op, n).map(drop)?,
-        Shot::Two { blocks, of } => call.me.kernels.twoshot_ready(dtype, op, n, blocks, of.what()).map(drop)?,
-    }
+    super::oneshot::ready(&call.me.kernels, shot, dtype, op, n)?;
     wait(stream, &st.end, r)?;
     // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
     // is slower than the driver's, which then runs before it on the stream.
@@ -350,50 +392,31 @@ pub fn execute_oneshot(
     // end, waited for above, means no peer still reads or writes it); the flag arrays are the
     // ranks' flag areas, mapped for the communicator's life and used by no one but its
     // one-shot (two-shot) kernels; the control block is the communicator's.
-    let launched = call.health.injected_failure(r).and_then(|()| match shot {
-        Shot::One => {
-            let args = OneShotArgs {
-                srcs: &srcs[..n],
-                dst: mine.recv,
-                tmp: None,
-                count,
-                postdiv: TwoShotOf::AllReduce.postdiv(n),
-                flags: &flags[..n],
-                rank: r,
-                ctl,
-                timeout_ns,
-                stage: stage_in_kernel.then_some(mine.send),
-            };
-            // SAFETY: see above (both kernels).
-            unsafe { call.me.kernels.launch_oneshot(stream, dtype, op, &args) }
-        }
-        Shot::Two { blocks, of } => {
-            let args = TwoShotArgs {
-                srcs: &srcs[..n],
-                dsts: &dsts[..n],
-                count,
-                postdiv: of.postdiv(n),
-                flags: &flags[..n],
-                rank: r,
-                blocks,
-                ctl,
-                timeout_ns,
-                stage,
-                what: (of.what(), of.root()),
-            };
-            // SAFETY: see above (both kernels).
-            unsafe { call.me.kernels.launch_twoshot(stream, dtype, op, &args) }
-        }
-    });
+    let kernel = RankKernel {
+        shot,
+        srcs: &srcs[..n],
+        dsts: &dsts[..n],
+        flags: &flags[..n],
+        rank: r,
+        count,
+        dst: mine.recv,
+        tmp: None,
+        stage: match shot {
+            Shot::One => stage_in_kernel.then_some((mine.send, 0)),
+            Shot::Two { .. } => stage,
+        },
+        ctl,
+        timeout_ns,
+    };
+    // SAFETY: see above (both kernels).
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { kernel.launch(&call.me.kernels, stream, dtype, op) });
     if let Err(cause) = launched {
         // The peers' kernels wait at the barrier for this one (until their timeout): the job
         // cannot go on.
-        let e = Error::PartlyEnqueued {
-            enqueued: vec![r],
-            cause: Box::new(cause),
-        };
-        call.health.fail(e.clone());
-        return Err(e);
+        return Err(partly_enqueued(call.health, vec![r], cause));
     }
     record(&call.state.end, stream, r)
 }
@@ -404,43 +427,4 @@ pub fn execute_oneshot(
 /// 18.8 µs with the driver's (`docs/perf/README.md`).
 pub const STAGE_IN_KERNEL_MAX_BYTES: usize = 64 << 10;
 
-/// Where a two-shot all-reduce of `bytes` among processes puts its results in each rank's
-/// scratch: after the copy of the input, at the next 256-byte boundary.
-///
-/// ```
-/// use ringccl::internals::exec::process::twoshot_out_offset;
-/// assert_eq!(twoshot_out_offset(1000), 1024);
-/// assert_eq!(twoshot_out_offset(1 << 20), 1 << 20);
-/// ```
-pub fn twoshot_out_offset(bytes: usize) -> usize {
-    bytes.div_ceil(256).saturating_mul(256)
-}
-
-/// Scratch bytes a one-shot or two-shot (`shot`) call of `bytes` per rank (`count` elements,
-/// as [`super::oneshot::TwoShotOf`] counts them) among `nranks` processes needs: the
-/// all-reduce, the copy of the input, and for two-shot the results after it; the calls of one
-/// share per rank, every rank's share (the reduce-scatter's copy of the input, the all-gather's
-/// and all-to-all's results); the broadcast and the reduce, one copy of the input; `None` on
-/// overflow.
-///
-/// ```
-/// use ringccl::internals::exec::oneshot::{Shot, TwoShotOf};
-/// use ringccl::internals::exec::process::scratch_for;
-/// assert_eq!(scratch_for(Shot::One, 1000, 2), Some(1000));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::AllReduce }, 1000, 2), Some(2024));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::AllGather }, 1000, 4), Some(4000));
-/// assert_eq!(scratch_for(Shot::Two { blocks: 4, of: TwoShotOf::Reduce { root: 1 } }, 1000, 4), Some(1000));
-/// ```
-pub fn scratch_for(shot: super::oneshot::Shot, bytes: usize, nranks: usize) -> Option<usize> {
-    use super::oneshot::{Shot, TwoShotOf};
-    match shot {
-        Shot::One => Some(bytes),
-        Shot::Two { of, .. } => match of {
-            TwoShotOf::AllReduce => twoshot_out_offset(bytes).checked_add(bytes),
-            TwoShotOf::ReduceScatter | TwoShotOf::AllGather | TwoShotOf::AllToAll => {
-                bytes.checked_mul(nranks)
-            }
-            TwoShotOf::Broadcast { .. } | TwoShotOf::Reduce { .. } => Some(bytes),
-        },
-    }
-}
+pub use crate::plan::call::{scratch_for, twoshot_out_offset};

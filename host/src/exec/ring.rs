@@ -18,7 +18,7 @@
 
 use cudarc::driver::CudaStream;
 
-use super::{internal, prim_for, record, scratch_for_call, traffic, wait, RankPtrs};
+use super::{internal, join_at_end, mark, partly_enqueued, prim_for, record, scratch_for_call, traffic, wait, RankPtrs};
 use crate::plan::Prepared;
 use crate::resources::Call;
 use crate::schedule::{BufId, Region, Step};
@@ -48,7 +48,7 @@ pub(crate) fn region_addr(
 ///
 /// `capturing`: whether the streams are being captured into a CUDA graph ([`super::capturing`],
 /// checked by the caller before anything is enqueued).
-pub fn execute<S: AsRef<CudaStream>>(
+pub(crate) fn execute<S: AsRef<CudaStream>>(
     call: &mut Call<'_>,
     p: &Prepared,
     dtype: DataType,
@@ -104,31 +104,15 @@ pub fn execute<S: AsRef<CudaStream>>(
         // scratch reallocation) waits for all of it.
         let mut marks = Vec::with_capacity(n);
         for (q, stream) in streams.iter().enumerate() {
-            let ix = call.next_event(q).ok();
-            let recorded = ix.and_then(|ix| call.event(q, ix).ok().map(|e| e.record(stream.as_ref()).is_ok()));
-            marks.push(ix.filter(|_| recorded == Some(true)));
+            marks.push(mark(call, q, stream.as_ref()));
         }
-        for (r, stream) in streams.iter().enumerate() {
-            for (q, ix) in marks.iter().enumerate() {
-                if let Some(e) = ix.and_then(|ix| call.event(q, ix).ok()) {
-                    let _ = stream.as_ref().wait(e);
-                }
-            }
-            if let Ok(end) = call.end_event(r) {
-                let _ = end.record(stream.as_ref());
-            }
-        }
+        join_at_end(call, streams, &marks);
     }
     match issued {
         // Part of the call went out: the caller must know its buffers hold no result, and the
         // communicator is failed (like a half-launched one-shot call).
         Err(cause) if enqueued && !matches!(cause, Error::PartlyEnqueued { .. }) => {
-            let e = Error::PartlyEnqueued {
-                enqueued: (0..n).collect(),
-                cause: Box::new(cause),
-            };
-            call.health().fail(e.clone());
-            Err(e)
+            Err(partly_enqueued(call.health(), (0..n).collect(), cause))
         }
         other => other,
     }

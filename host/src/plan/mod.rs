@@ -1,6 +1,8 @@
 //! Planning a call, as pure data: which algorithm, how big a chunk, which schedule, and which of
 //! its steps record an event. Nothing here touches a GPU.
 //!
+//! * [`call`]: [`call::choose`], the plan of one call as a value ([`call::CallPlan`]), from
+//!   the call ([`collective::Collective`]), the communicator and the configuration;
 //! * [`tuning`]: the policy (algorithm, chunk size, launch caps) as functions of the call and
 //!   the [`Config`](crate::Config);
 //! * [`topology`]: the ring order, chosen from the peer-to-peer link scores;
@@ -9,8 +11,10 @@
 //! * [`Prepared`] and [`PlanCache`]: a checked schedule with its event plan, built once per call
 //!   shape and kept by the communicator.
 
-pub mod p2p;
+pub mod call;
+pub mod collective;
 pub mod copy_engine;
+pub mod p2p;
 pub mod net;
 pub mod signals;
 pub mod topology;

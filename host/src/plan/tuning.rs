@@ -170,7 +170,7 @@ pub fn process_all_reduce_algorithm(bytes: usize, nranks: usize, config: &Config
 
 /// The algorithm of a reduce-scatter, all-gather, all-to-all, broadcast or reduce whose larger
 /// buffer has `bytes` bytes, over `nranks` ranks: [`Algorithm::TwoShot`] (the collective on the
-/// two-shot kernel's barriers, `exec::oneshot::TwoShotOf`) or [`Algorithm::Ring`]; the caller
+/// two-shot kernel's barriers, `plan::call::TwoShotOf`) or [`Algorithm::Ring`]; the caller
 /// decides the copy engines after it.
 ///
 /// * One process (`processes` false): two-shot only when [`Config::algorithm`] forces it and

@@ -68,6 +68,13 @@ fn fits(a: usize, b: usize) -> bool {
     a.checked_mul(b).is_some_and(|x| x.checked_mul(2).is_some())
 }
 
+/// The opening check of every builder: `ring` a permutation and the call's arguments `ok`
+/// (its layout accepted, its offsets within range); then the chunk, at least 1 element.
+/// `None`: the builder returns the empty schedule (callers validate first).
+fn opening(ring: &[usize], ok: bool, chunk: usize) -> Option<usize> {
+    (is_ring(ring) && ok).then_some(chunk.max(1))
+}
+
 fn reg(rank: usize, buf: BufId, offset: usize, len: usize) -> Region {
     Region::new(rank, buf, offset, len)
 }
@@ -97,10 +104,9 @@ pub fn all_reduce(ring: &[usize], count: usize, layout: Layout, chunk: usize) ->
         layout,
         Layout::OutOfPlace | Layout::SendInRecv { stride: 0 }
     );
-    if !is_ring(ring) || !ok || !fits(count, 1) {
+    let Some(chunk) = opening(ring, ok && fits(count, 1), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     let segs = segments(count, n);
     let maxc = segs
         .iter()
@@ -177,10 +183,9 @@ pub fn reduce_scatter(ring: &[usize], recvcount: usize, layout: Layout, chunk: u
         Layout::RecvInSend { stride } => stride == recvcount,
         Layout::SendInRecv { .. } => false,
     };
-    if !is_ring(ring) || !ok || !fits(recvcount, n) {
+    let Some(chunk) = opening(ring, ok && fits(recvcount, n), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     let slots = n.saturating_sub(2).min(2);
     s.scratch_len = slots * recvcount;
     let slot = |k: usize| ((k - 1) % 2) * recvcount;
@@ -240,10 +245,9 @@ pub fn all_gather(ring: &[usize], sendcount: usize, layout: Layout, chunk: usize
         Layout::SendInRecv { stride } => stride == sendcount,
         Layout::RecvInSend { .. } => false,
     };
-    if !is_ring(ring) || !ok || !fits(sendcount, n) {
+    let Some(chunk) = opening(ring, ok && fits(sendcount, n), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     for c in 0..nchunks(sendcount, chunk) {
         let Some((o, l)) = chunk_of(sendcount, chunk, c) else {
             continue;
@@ -299,10 +303,9 @@ pub fn broadcast(
     let Some(pr) = position(ring, root) else {
         return s;
     };
-    if !is_ring(ring) || !ok || !fits(count, 1) {
+    let Some(chunk) = opening(ring, ok && fits(count, 1), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     for c in 0..nchunks(count, chunk) {
         let Some((o, l)) = chunk_of(count, chunk, c) else {
             continue;
@@ -344,10 +347,9 @@ pub fn reduce(ring: &[usize], count: usize, root: usize, layout: Layout, chunk: 
     let Some(pr) = position(ring, root) else {
         return s;
     };
-    if !is_ring(ring) || !ok || !fits(count, 1) {
+    let Some(chunk) = opening(ring, ok && fits(count, 1), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     if n >= 3 {
         s.scratch_len = count;
     }
@@ -397,10 +399,9 @@ pub fn reduce(ring: &[usize], count: usize, root: usize, layout: Layout, chunk: 
 pub fn all_to_all(ring: &[usize], count: usize, layout: Layout, chunk: usize) -> Schedule {
     let n = ring.len();
     let mut s = Schedule::new(n);
-    if !is_ring(ring) || !fits(count, n) {
+    let Some(chunk) = opening(ring, fits(count, n), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     let staged = layout != Layout::OutOfPlace;
     let skip_self = layout == Layout::SendInRecv { stride: 0 };
     let first = usize::from(skip_self);
@@ -463,10 +464,9 @@ pub fn gather(
     let Some(pr) = position(ring, root) else {
         return s;
     };
-    if !is_ring(ring) || !ok || !fits(sendcount, n) {
+    let Some(chunk) = opening(ring, ok && fits(sendcount, n), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     for c in 0..nchunks(sendcount, chunk) {
         let Some((o, l)) = chunk_of(sendcount, chunk, c) else {
             continue;
@@ -511,10 +511,9 @@ pub fn scatter(
     let Some(pr) = position(ring, root) else {
         return s;
     };
-    if !is_ring(ring) || !ok || !fits(recvcount, n) {
+    let Some(chunk) = opening(ring, ok && fits(recvcount, n), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     for c in 0..nchunks(recvcount, chunk) {
         let Some((o, l)) = chunk_of(recvcount, chunk, c) else {
             continue;
@@ -551,10 +550,9 @@ pub fn scatter(
 pub fn send_recv(ring: &[usize], pairs: &[P2p], layout: Layout, chunk: usize) -> Schedule {
     let n = ring.len();
     let mut s = Schedule::new(n);
-    if !is_ring(ring) || pairs.iter().any(|p| p.from >= n || p.to >= n) {
+    let Some(chunk) = opening(ring, pairs.iter().all(|p| p.from < n && p.to < n), chunk) else {
         return s;
-    }
-    let chunk = chunk.max(1);
+    };
     // Offsets of each pair in its sender's send and its receiver's recv.
     let mut sent = vec![0usize; n];
     let mut received = vec![0usize; n];

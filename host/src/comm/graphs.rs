@@ -1,0 +1,50 @@
+//! CUDA graphs that captured a communicator's calls: they keep its device resources alive, past
+//! its drop if need be.
+
+use std::sync::Arc;
+
+use super::Communicator;
+use crate::driver::graph::{keep_alive_in_graph, Capture};
+use crate::Result;
+
+impl Communicator {
+    /// How many references CUDA graphs hold to communicators' device resources in this
+    /// process: one per captured call, dropped when the last graph or executable graph that
+    /// contains the call is destroyed and its launches have finished. A dropped communicator's
+    /// resources are freed when the last reference to them goes. A diagnostic: 0 when no graph
+    /// that captured a ringccl call exists.
+    ///
+    /// ```
+    /// // Nothing has been captured in this process.
+    /// assert_eq!(ringccl::Communicator::held_by_graphs(), 0);
+    /// ```
+    pub fn held_by_graphs() -> usize {
+        crate::driver::graph::held_by_graphs()
+    }
+
+    /// Gives the graph being captured (`capture`) a reference to this communicator's device
+    /// resources, so that they outlive the graph's replays even if the communicator is dropped
+    /// first. Called once per captured call, before anything of it is enqueued.
+    pub(crate) fn keep_alive_in(&self, capture: &Capture) -> Result<()> {
+        // SAFETY: `capture` was read from the call's streams just before (`exec::capture`),
+        // in the caller's thread, which is inside the call: the capture is still in progress.
+        unsafe { keep_alive_in_graph(capture.graph, Arc::clone(&self.graphs)) }
+    }
+
+    /// On drop, once no work of this communicator's own is left: if CUDA graphs that captured
+    /// its calls still exist, moves the device resources they use (kernels, flags, scratch,
+    /// events, control block, streams) to the hold they share, to be freed with the last one.
+    pub(super) fn hand_over_to_graphs(&mut self) {
+        if Arc::strong_count(&self.graphs) == 1 {
+            return;
+        }
+        let state = std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let remains = (
+            std::mem::take(&mut self.ranks),
+            std::mem::take(&mut self.streams),
+            state,
+            Arc::clone(&self.health),
+        );
+        self.graphs.hold(Box::new(remains));
+    }
+}

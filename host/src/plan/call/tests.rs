@@ -1,0 +1,243 @@
+//! Every branch of [`choose`], one row each: what the call asks, what the communicator offers,
+//! the configuration, and the plan (or error) expected.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use super::*;
+use crate::config::DEFAULT_ONESHOT_MAX_BYTES;
+use Collective as C;
+
+const SMS: u32 = 132;
+const F32: DataType = DataType::F32;
+const OUT: Layout = Layout::OutOfPlace;
+const IN: Layout = Layout::SendInRecv { stride: 0 };
+
+/// What the communicator offers in one row.
+#[derive(Clone, Copy)]
+enum Comm {
+    /// One process of `n` ranks: (one-shot usable, copy engines usable, capturing).
+    Local(usize, bool, bool, bool),
+    /// Rank 0 of `n` processes on one machine.
+    Procs(usize),
+    /// Rank 0 of `n` processes over the network: every pair (`true`) or across machines
+    /// (two machines of n/2 ranks).
+    Net(usize, bool),
+    /// Rank 0 of `n` processes, a peer on another machine, no network path.
+    Remote(usize),
+}
+
+/// What a row expects.
+#[derive(Debug)]
+enum Want {
+    Shot(Shot, bool),
+    CopyEngine,
+    Ring,
+    ProcessShot(Shot, usize),
+    ProcessRing,
+    Network(bool),
+    Hybrid(bool),
+    NetworkError,
+}
+
+fn forced(a: Algorithm) -> Config {
+    Config {
+        algorithm: Some(a),
+        ..Config::default()
+    }
+}
+
+/// Chooses `c` on `comm`; also returns how often the SM count was asked.
+fn run(c: Collective, layout: Layout, comm: Comm, config: &Config) -> (Result<(CallPlan, bool)>, u32) {
+    let asked = Cell::new(0);
+    let sms = || {
+        asked.set(asked.get() + 1);
+        SMS
+    };
+    let local_plans = PlanCache::default();
+    let process_plans = PlanCache::default();
+    let call = CallShape {
+        collective: c,
+        dtype: F32,
+        layout,
+    };
+    let ring: Vec<usize>;
+    let machines;
+    let result = match comm {
+        Comm::Local(n, oneshot_usable, copy_engine_usable, capturing) => {
+            ring = (0..n).collect();
+            let view = CommView::Local(LocalView {
+                ring: &ring,
+                oneshot_usable,
+                copy_engine_usable,
+                capturing,
+                sms: &sms,
+                plans: &local_plans,
+            });
+            choose(&call, &view, config)
+        }
+        Comm::Procs(n) | Comm::Net(n, _) | Comm::Remote(n) => {
+            ring = (0..n).collect();
+            let ids: Vec<u64> = (0..n).map(|r| u64::from(r >= n / 2)).collect();
+            machines = Machines::new(&ids);
+            let net = match comm {
+                Comm::Net(_, all) => Some(NetView {
+                    all,
+                    machines: &machines,
+                }),
+                _ => None,
+            };
+            let remote = matches!(comm, Comm::Remote(_)).then_some(n - 1);
+            let view = CommView::Process(ProcessView {
+                rank: 0,
+                nranks: n,
+                ring: &ring,
+                net,
+                remote_peer: &|| remote,
+                sms: &sms,
+                plans: &process_plans,
+            });
+            choose(&call, &view, config)
+        }
+    };
+    (result, asked.get())
+}
+
+fn two(of: TwoShotOf, bytes: usize, n: usize) -> Shot {
+    Shot::Two {
+        blocks: tuning::twoshot_blocks(bytes, n, SMS),
+        of,
+    }
+}
+
+fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
+    match (plan, want) {
+        (Ok((CallPlan::Shot { shot, count: k, in_place }, _)), Want::Shot(w, ip)) => {
+            shot == w && *k == count && in_place == ip
+        }
+        (Ok((CallPlan::CopyEngine(_), _)), Want::CopyEngine) => true,
+        (Ok((CallPlan::Ring { prepared, .. }, new)), Want::Ring) => *new && !prepared.schedule.steps.is_empty(),
+        (Ok((CallPlan::ProcessShot { shot, count: k, scratch }, _)), Want::ProcessShot(w, s)) => {
+            shot == w && *k == count && scratch == s
+        }
+        (Ok((CallPlan::ProcessRing { plan, .. }, new)), Want::ProcessRing) => {
+            *new && !plan.prepared.schedule.steps.is_empty()
+        }
+        (Ok((CallPlan::Network(p), _)), Want::Network(h)) => p.hierarchical == *h && p.unit == count * 4,
+        (Ok((CallPlan::Hybrid(p), _)), Want::Hybrid(h)) => p.hierarchical == *h && p.unit == count * 4,
+        (Err(Error::Network { rank: Some(0), peer: Some(_), .. }), Want::NetworkError) => true,
+        _ => false,
+    }
+}
+
+#[test]
+fn every_branch_of_the_choice() {
+    let d = Config::default();
+    let small = 1024; // elements: 4 KiB
+    let mid = 1 << 18; // 1 MiB
+    let big = 4 << 20; // 16 MiB
+    let huge = 1 << 28; // 1 GiB
+    let all = Comm::Local(2, true, true, false);
+    let no_p2p = Comm::Local(2, false, false, false);
+    let capturing = Comm::Local(2, true, true, true);
+    let ts = |of, count: usize, n| two(of, count * 4, n);
+    #[rustfmt::skip]
+    let rows: Vec<(&str, Collective, Layout, Comm, Config, Want)> = vec![
+        // One process, all-reduce.
+        ("small all-reduce: one-shot", C::AllReduce { count: small }, OUT, all, d.clone(), Want::Shot(Shot::One, false)),
+        ("in place", C::AllReduce { count: small }, IN, all, d.clone(), Want::Shot(Shot::One, true)),
+        ("mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, all, d.clone(), Want::Shot(ts(TwoShotOf::AllReduce, mid, 2), false)),
+        ("mid all-reduce under capture: ring", C::AllReduce { count: mid }, OUT, capturing, d.clone(), Want::Ring),
+        ("small all-reduce under capture: one-shot", C::AllReduce { count: small }, OUT, capturing, d.clone(), Want::Shot(Shot::One, false)),
+        ("16 MiB all-reduce: ring", C::AllReduce { count: big }, OUT, all, d.clone(), Want::Ring),
+        ("1 GiB all-reduce: copy engines", C::AllReduce { count: huge }, OUT, all, d.clone(), Want::CopyEngine),
+        ("no peer access: ring", C::AllReduce { count: small }, OUT, no_p2p, d.clone(), Want::Ring),
+        ("one rank: ring", C::AllReduce { count: small }, OUT, Comm::Local(1, true, true, false), d.clone(), Want::Ring),
+        ("nine ranks: no one-shot", C::AllReduce { count: small }, OUT, Comm::Local(9, true, true, false), d.clone(), Want::Ring),
+        ("forced copy engines", C::AllReduce { count: small }, OUT, all, forced(Algorithm::CopyEngine), Want::CopyEngine),
+        ("forced two-shot", C::AllReduce { count: small }, OUT, all, forced(Algorithm::TwoShot), Want::Shot(ts(TwoShotOf::AllReduce, small, 2), false)),
+        ("forced one-shot, impossible: ring", C::AllReduce { count: small }, OUT, no_p2p, forced(Algorithm::OneShot), Want::Ring),
+        // One process, the other collectives.
+        ("reduce-scatter: ring by default", C::ReduceScatter { recvcount: mid }, OUT, all, d.clone(), Want::Ring),
+        ("forced two-shot reduce-scatter", C::ReduceScatter { recvcount: small }, OUT, all, forced(Algorithm::TwoShot), Want::Shot(ts(TwoShotOf::ReduceScatter, 2 * small, 2), false)),
+        ("forced two-shot broadcast", C::Broadcast { count: small, root: 1 }, IN, all, forced(Algorithm::TwoShot), Want::Shot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), true)),
+        ("forced two-shot under capture: ring", C::Reduce { count: small, root: 0 }, OUT, capturing, forced(Algorithm::TwoShot), Want::Ring),
+        ("forced two-shot gather: ring", C::Gather { sendcount: small, root: 0 }, OUT, all, forced(Algorithm::TwoShot), Want::Ring),
+        ("16 MiB all-gather: copy engines", C::AllGather { sendcount: big / 2 }, OUT, all, d.clone(), Want::CopyEngine),
+        ("small all-gather: ring", C::AllGather { sendcount: small }, OUT, all, d.clone(), Want::Ring),
+        ("1 MiB broadcast: copy engines", C::Broadcast { count: mid, root: 0 }, OUT, all, d.clone(), Want::CopyEngine),
+        ("broadcast under capture: ring", C::Broadcast { count: mid, root: 0 }, OUT, capturing, d.clone(), Want::Ring),
+        ("16 MiB all-to-all: copy engines", C::AllToAll { count_per_peer: big / 2 }, OUT, all, d.clone(), Want::CopyEngine),
+        ("forced copy engines reduce: ring", C::Reduce { count: small, root: 0 }, OUT, all, forced(Algorithm::CopyEngine), Want::Ring),
+        ("scatter: ring", C::Scatter { recvcount: small, root: 0 }, OUT, all, d.clone(), Want::Ring),
+        // Processes of one machine.
+        ("processes, small all-reduce: one-shot", C::AllReduce { count: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(Shot::One, small * 4)),
+        ("processes, mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
+        ("processes, 64 MiB all-reduce: ring", C::AllReduce { count: 4 * big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
+        ("processes, forced copy engines: ring", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::CopyEngine), Want::ProcessRing),
+        ("processes, sixteen ranks: ring", C::AllReduce { count: small }, OUT, Comm::Procs(16), d.clone(), Want::ProcessRing),
+        ("processes, all-gather: two-shot", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
+        ("processes, reduce: two-shot", C::Reduce { count: small, root: 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::Reduce { root: 1 }, small, 2), small * 4)),
+        ("processes, gather: ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
+        ("processes, large all-gather: ring", C::AllGather { sendcount: big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
+        // Processes over the network.
+        ("every pair over the network: flat", C::AllReduce { count: small }, OUT, Comm::Net(4, true), d.clone(), Want::Network(false)),
+        ("two machines of two: hierarchical", C::AllReduce { count: small }, OUT, Comm::Net(4, false), d.clone(), Want::Hybrid(true)),
+        ("two machines of one: flat", C::AllReduce { count: small }, OUT, Comm::Net(2, false), d.clone(), Want::Hybrid(false)),
+        ("a peer on another machine, no network", C::AllReduce { count: small }, OUT, Comm::Remote(2), d.clone(), Want::NetworkError),
+    ];
+    for (what, c, layout, comm, config, want) in rows {
+        let (plan, sms_asked) = run(c, layout, comm, &config);
+        assert!(matches(&plan, &want, c.count()), "{what}: {plan:?}, expected {want:?}");
+        // The SM count is asked only for a two-shot plan.
+        let two_shot = matches!(&plan, Ok((CallPlan::Shot { shot: Shot::Two { .. }, .. } | CallPlan::ProcessShot { shot: Shot::Two { .. }, .. }, _)));
+        assert_eq!(sms_asked, u32::from(two_shot), "{what}: SMs asked {sms_asked} times");
+    }
+}
+
+#[test]
+fn the_default_thresholds_are_the_boundaries() {
+    let d = Config::default();
+    let all = Comm::Local(2, true, true, false);
+    let at = DEFAULT_ONESHOT_MAX_BYTES / 4;
+    let (p, _) = run(C::AllReduce { count: at }, OUT, all, &d);
+    assert_eq!(p.map(|(p, _)| p.algorithm()), Ok(Algorithm::OneShot));
+    let (p, _) = run(C::AllReduce { count: at + 1 }, OUT, all, &d);
+    assert_eq!(p.map(|(p, _)| p.algorithm()), Ok(Algorithm::TwoShot));
+}
+
+#[test]
+fn ring_plans_are_cached_by_shape() {
+    let plans = PlanCache::default();
+    let ring = [0, 1, 2];
+    let view = CommView::Local(LocalView {
+        ring: &ring,
+        oneshot_usable: false,
+        copy_engine_usable: false,
+        capturing: false,
+        sms: &|| SMS,
+        plans: &plans,
+    });
+    let call = CallShape {
+        collective: C::AllReduce { count: 4096 },
+        dtype: F32,
+        layout: OUT,
+    };
+    let d = Config::default();
+    let first = choose(&call, &view, &d);
+    let again = choose(&call, &view, &d);
+    let (Ok((CallPlan::Ring { prepared: a, .. }, true)), Ok((CallPlan::Ring { prepared: b, .. }, false))) = (first, again)
+    else {
+        panic!("expected a new ring plan, then the cached one");
+    };
+    assert!(Arc::ptr_eq(&a, &b));
+    let other = CallShape { layout: IN, ..call };
+    assert!(matches!(choose(&other, &view, &d), Ok((CallPlan::Ring { .. }, true))));
+}
+
+#[test]
+fn the_debug_line_is_a_summary() {
+    let (p, _) = run(C::AllReduce { count: 1 << 22 }, OUT, Comm::Local(4, false, false, false), &Config::default());
+    let line = format!("{:?}", p.map(|(p, _)| p));
+    assert!(line.contains("Ring") && line.contains("steps") && line.len() < 120, "{line}");
+}
