@@ -29,19 +29,19 @@
 //!   copied to its `s{rank}`, and its output, to which `d{rank}` is copied at the end: ranks in
 //!   other processes)`, what: u32, root: u32` (ignored: always the all-reduce); every rank
 //!   launches the same number of blocks, at most
-//!   [`MAX_TWO_SHOT_BLOCKS`](crate::oneshot::MAX_TWO_SHOT_BLOCKS) (see
-//!   [`crate::oneshot::two_shot_slice`]).
+//!   [`MAX_TWO_SHOT_BLOCKS`](crate::twoshot::MAX_TWO_SHOT_BLOCKS) (see
+//!   [`crate::twoshot::two_shot_slice`]).
 //! * [`EntryKind::TwoShotColl`]: the same parameters; `what` and `root` choose the collective
 //!   run on the two-shot barriers: reduce-scatter, all-gather, all-to-all, broadcast or reduce
-//!   (see [`crate::oneshot::what`]).
+//!   (see [`crate::twoshot::what`]).
 //!
 //! One kernel has no element type and is not in the table: the bounded wait
-//! [`WAIT_ENTRY`](crate::oneshot::WAIT_ENTRY).
+//! [`WAIT_ENTRY`](crate::ctl::WAIT_ENTRY).
 //!
 //! `postdiv` is the rank count in the step that writes an `avg` result, else 1.
 //!
 //! [`MAX_SRCS`]: crate::prim::MAX_SRCS
-//! [`MAX_RANKS`]: crate::oneshot::MAX_RANKS
+//! [`MAX_RANKS`]: crate::ctl::MAX_RANKS
 //! [`DataType::ALL`]: crate::element::DataType::ALL
 //! [`DataType::name`]: crate::element::DataType::name
 
@@ -71,10 +71,10 @@ pub enum EntryKind {
     OneShot,
     /// A whole all-reduce in one kernel per rank of many blocks: each rank folds its shard of
     /// every rank's input and writes it into every rank's output, block by block, with a
-    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]).
+    /// device-side barrier per block (see [`crate::twoshot::two_shot_slice`]).
     TwoShot,
     /// The two-shot kernel's barriers and staging for the other collectives: reduce-scatter,
-    /// all-gather, all-to-all, broadcast and reduce ([`crate::oneshot::what`]). Entry points
+    /// all-gather, all-to-all, broadcast and reduce ([`crate::twoshot::what`]). Entry points
     /// of their own, so that the all-reduce's keep its registers.
     TwoShotColl,
 }
