@@ -55,6 +55,40 @@ macro_rules! kernel {
             }
         };
     };
+    (Scale, $name:expr, $t:ty) => {
+        const _: () = {
+            /// `dst[i] = src[i] * scalar` for `i < count`, the scalar `*scalar_ptr` or, when
+            /// `scalar_ptr` is null, the low bits of `imm_bits` (see `crate::prim::scale`).
+            ///
+            /// # Safety
+            /// Device pointers valid for `count` elements (`dst` equal to `src` or not
+            /// overlapping it); `scalar_ptr` null or one readable element.
+            #[export_name = $name]
+            pub unsafe extern "ptx-kernel" fn kernel(
+                src: *const $t,
+                dst: *mut $t,
+                count: u64,
+                imm_bits: u64,
+                scalar_ptr: *const $t,
+            ) {
+                // SAFETY: forwarded from the kernel's contract.
+                unsafe {
+                    let scalar = if scalar_ptr.is_null() {
+                        <$t as crate::element::Element>::from_raw(imm_bits)
+                    } else {
+                        *scalar_ptr
+                    };
+                    crate::prim::scale::<$t>(
+                        crate::kernels::grid(),
+                        src,
+                        dst,
+                        count as usize,
+                        scalar,
+                    )
+                }
+            }
+        };
+    };
     (Reduce, $name:expr, $t:ty, $op:ty) => {
         const _: () = {
             /// `dst[i] = finish(s0[i] ⊕ … ⊕ s{nsrc-1}[i])` for `i < count`,

@@ -1,7 +1,7 @@
 //! ringccl's GPU kernels, written in `#![no_std]` Rust and compiled to PTX.
 //!
 //! Layers, bottom up:
-//! * [`element`]: the ten element types ([`DataType`] names them at run time) and the
+//! * [`element`]: the twelve element types ([`DataType`] names them at run time) and the
 //!   arithmetic of one reduction step, shared with the host so the CPU computes the exact bits
 //!   a GPU step produces;
 //! * [`op`]: the reduction operators (sum, prod, min, max, avg);

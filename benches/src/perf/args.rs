@@ -176,6 +176,8 @@ pub fn nccl_dtype_name(d: DataType) -> &'static str {
         DataType::F32 => "float",
         DataType::F64 => "double",
         DataType::BF16 => "bfloat16",
+        DataType::F8E4M3 => "f8e4m3",
+        DataType::F8E5M2 => "f8e5m2",
     }
 }
 
