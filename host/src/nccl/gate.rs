@@ -112,9 +112,11 @@ impl Side {
         let ops = memops()?;
         let t = ctx.new_stream().map_err(cuda("cuStreamCreate", rank))?;
         let g = ctx.new_stream().map_err(cuda("cuStreamCreate", rank))?;
-        ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent", rank))?;
+        ctx.bind_to_thread()
+            .map_err(cuda("cuCtxSetCurrent", rank))?;
         // SAFETY: `ctx` is current on this thread.
-        let base = unsafe { result::malloc_sync(GATE_WORDS * 4) }.map_err(cuda("cuMemAlloc", rank))?;
+        let base =
+            unsafe { result::malloc_sync(GATE_WORDS * 4) }.map_err(cuda("cuMemAlloc", rank))?;
         // SAFETY: `base` is `GATE_WORDS` words of live memory of the current context; synchronous.
         if let Err(e) = unsafe { result::memset_d8_sync(base, 0, GATE_WORDS * 4) } {
             // SAFETY: allocated above, used by nothing yet.
