@@ -21,7 +21,9 @@ mod health;
 pub mod rank_threads;
 
 pub(crate) use health::{watch_peers, Probe};
-pub use health::{Control, Health, CALLER_ABORT};
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
+pub use health::Control;
+pub use health::{Health, CALLER_ABORT};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
