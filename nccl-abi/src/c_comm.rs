@@ -270,13 +270,7 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclR
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclCommFinalize", || {
-        if comm.is_null() {
-            return Ok(());
-        }
-        Handle::from_ptr(comm)?.finalize()
-    })
+    end_comm("ncclCommFinalize", comm, Handle::finalize)
 }
 
 /// `ncclCommDestroy`: releases this rank (the communicator is freed with its last rank, after
@@ -291,13 +285,7 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclCommDestroy", || {
-        if comm.is_null() {
-            return Ok(());
-        }
-        Handle::from_ptr(comm)?.destroy()
-    })
+    end_comm("ncclCommDestroy", comm, Handle::destroy)
 }
 
 /// `ncclCommAbort`: cancels the communicator's pending and future work (ringccl's
@@ -312,12 +300,18 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    end_comm("ncclCommAbort", comm, Handle::abort)
+}
+
+/// The body of an entry that ends this rank of a communicator (`end`: finalize, destroy or
+/// abort), with a CUDA context kept current; NULL is `ncclSuccess`, as in NCCL.
+fn end_comm(function: &str, comm: ncclComm_t, end: fn(&Handle) -> Result<()>) -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclCommAbort", || {
+    guard(function, || {
         if comm.is_null() {
             return Ok(());
         }
-        Handle::from_ptr(comm)?.abort()
+        end(Handle::from_ptr(comm)?)
     })
 }
 
