@@ -7,8 +7,8 @@ use crate::nccl::group;
 use crate::nccl::result::{NcclError, NcclStatus};
 
 impl Comm {
-    /// Starts a group on this thread ([`group_start`](super::group_start)); it ends when the [`Group`] is dropped
-    /// (or [`Group::end`]).
+    /// Starts a group on this thread ([`group_start`](super::group_start)); it ends when the
+    /// [`Group`] is dropped (or [`Group::end`]).
     pub fn group(&self) -> Group<'_> {
         group::start();
         Group {
