@@ -101,6 +101,10 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                 return Err(internal("no arguments for this process's rank".into()));
             };
             let stream = stream.as_ref();
+            if call.capturing && !matches!(plan, CallPlan::ProcessShot { .. }) {
+                // `choose` refuses these under capture: their signals are numbered on the host.
+                return Err(internal(format!("{plan:?} chosen under CUDA-graph capture")));
+            }
             match plan {
                 CallPlan::ProcessShot { shot, count, scratch } => track.all(&mut || {
                     call.ensure_scratch(*scratch)?;
