@@ -20,7 +20,10 @@
 //! is a fatal GPU fault, which under MPS tears down every process on the GPU. Such buffers are
 //! leaked instead (until the process exits), with a warning that says how many bytes
 //! ([`Release`], [`Windows::set_release`]). In the same way this process's mappings of the
-//! peers' buffers are closed only once its own work on them is done.
+//! peers' buffers are closed only once its own work on them is done. Once a CUDA graph has
+//! captured a call on the scratch ([`Windows::mark_captured`]), a growth keeps the old scratch
+//! and its mappings (the graph replays on them) until the windows are dropped, which a
+//! communicator dropped before its graphs leaves to the last of them.
 
 use std::sync::Arc;
 
