@@ -449,6 +449,13 @@ pub(crate) fn execute_oneshot(
         .injected_failure(r)
         .and_then(|()| unsafe { kernel.launch(&call.me.kernels, stream, dtype, op) });
     if let Err(cause) = launched {
+        if capturing {
+            // Nothing ran: the launch went into a capture (often one invalidated by another
+            // call), and the peers' parts are only captured too; the caller has the error. A
+            // graph made of that capture anyway lacks this rank's kernel: its peers' replays
+            // then end at their barrier's timeout, with an error.
+            return Err(cause);
+        }
         // The peers' kernels wait at the barrier for this one (until their timeout): the job
         // cannot go on.
         return Err(partly_enqueued(call.health, vec![r], cause));
