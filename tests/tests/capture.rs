@@ -609,3 +609,54 @@ fn captured_calls_replay_across_processes() {
     run_ranks("rank_captures", n, Duration::from_secs(300));
     println!("{n} processes: every rank passed");
 }
+
+/// A job of one process (`init_rank(1, ..)`, as PyTorch makes for a world of one): every
+/// collective is captured at any size (its ring is a copy, with no signal), replayed 5 times
+/// with new inputs, then once more after the communicator's drop.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_job_of_one_process_captures_every_collective() {
+    let id = UniqueId::new().expect("a unique id");
+    let mut config = Config::from_env().expect("the RINGCCL_ variables");
+    config.timeout = Some(Duration::from_secs(60));
+    let comm = Communicator::init_rank_with_config(1, &id, 0, 0, config).expect("init_rank");
+    let stream = comm.context(0).new_stream().expect("a stream");
+    let mut calls = vec![
+        Call::<f32>::new(&stream, 1, Kind::AllReduce(RedOp::Sum), 10 << 20, false),
+        Call::<f32>::new(&stream, 1, Kind::AllReduce(RedOp::Max), 1000, true),
+        Call::<f32>::new(&stream, 1, Kind::ReduceScatter(RedOp::Sum), 4096, false),
+        Call::<f32>::new(&stream, 1, Kind::AllGather, 3 << 20, false),
+    ];
+    let graph = capture(&stream, GLOBAL, || {
+        for c in &mut calls {
+            c.issue(&comm, &stream)
+                .map_err(|e| format!("{}: {e}", c.name()))?;
+        }
+        Ok(())
+    })
+    .expect("the graph");
+    let mut bad = 0;
+    for k in 0..5 {
+        for c in &mut calls {
+            c.fill(&stream, 0, 1, k);
+        }
+        graph.launch().expect("replay");
+        for c in &calls {
+            bad += c.check(&stream, 0, 1, k, &format!("replay {k}"));
+        }
+    }
+    stream.synchronize().expect("synchronize");
+    drop(comm);
+    for c in &mut calls {
+        c.fill(&stream, 0, 1, 9);
+    }
+    graph.launch().expect("replay after the drop");
+    for c in &calls {
+        bad += c.check(&stream, 0, 1, 9, "replay after the drop");
+    }
+    assert_eq!(bad, 0, "wrong elements");
+    println!(
+        "a job of one process: 6 replays of {} captured calls right",
+        calls.len()
+    );
+}

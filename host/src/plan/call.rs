@@ -503,7 +503,10 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
             ),
         });
     }
-    let algorithm = if v.capturing {
+    let algorithm = if v.capturing && n == 1 {
+        // One rank: the ring, a copy on its own buffers with no signal, is captured.
+        None
+    } else if v.capturing {
         match capture_algorithm(c, max_bytes, n, config) {
             Some(a) => Some(a),
             None => return Err(not_capturable(call, v, config, "")),
@@ -545,7 +548,8 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
 /// there: their barrier epochs live on the device and they stage through the exported scratch
 /// at fixed addresses, so a replay is right however many calls, eager or replayed, ran before.
 /// The ring through the scratch, the point-to-point groups and the network path number their
-/// signals on the host, and those numbers would be frozen into the graph.
+/// signals on the host, and those numbers would be frozen into the graph. A job of one process
+/// captures every collective at any size: its ring is a copy on its own buffers, with no signal.
 ///
 /// ```
 /// use ringccl::internals::api::collective::Collective;
@@ -556,8 +560,12 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
 /// assert_eq!(capture_limit(Collective::AllGather { sendcount: 1 }, 4, &c), Some(c.twoshot_max_bytes));
 /// assert_eq!(capture_limit(Collective::Gather { sendcount: 1, root: 0 }, 2, &c), None);
 /// assert_eq!(capture_limit(Collective::AllReduce { count: 1 }, 16, &c), None);
+/// assert_eq!(capture_limit(Collective::Gather { sendcount: 1, root: 0 }, 1, &c), Some(usize::MAX));
 /// ```
 pub fn capture_limit(c: Collective, nranks: usize, config: &Config) -> Option<usize> {
+    if nranks == 1 {
+        return Some(usize::MAX);
+    }
     if !(2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) {
         return None;
     }

@@ -215,6 +215,8 @@ fn every_branch_of_the_choice() {
         ("captured gather: refused", C::Gather { sendcount: small, root: 0 }, OUT, pc2, d.clone(), Want::NotCapturable("all-reduce, reduce-scatter, all-gather, all-to-all, broadcast and reduce up to")),
         ("captured scatter: refused", C::Scatter { recvcount: small, root: 0 }, OUT, pc2, d.clone(), Want::NotCapturable("up to 8388608 bytes can")),
         ("captured, sixteen ranks: refused", C::AllReduce { count: small }, OUT, Comm::ProcsCapturing(16), d.clone(), Want::NotCapturable("jobs of 2 to 8 processes can")),
+        ("captured, one rank: its ring (a copy)", C::AllReduce { count: big }, OUT, Comm::ProcsCapturing(1), d.clone(), Want::ProcessRing),
+        ("captured gather, one rank: its ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::ProcsCapturing(1), d.clone(), Want::ProcessRing),
         ("captured over the network: refused", C::AllReduce { count: small }, OUT, Comm::NetCapturing(4), d.clone(), Want::NotCapturable("over the network path")),
         // Processes over the network.
         ("every pair over the network: flat", C::AllReduce { count: small }, OUT, Comm::Net(4, true), d.clone(), Want::Network(false)),
@@ -276,4 +278,25 @@ fn the_debug_line_is_a_summary() {
     let (p, _) = run(C::AllReduce { count: 1 << 22 }, OUT, Comm::Local(4, false, false, false), &Config::default());
     let line = format!("{:?}", p.map(|(p, _)| p));
     assert!(line.contains("Ring") && line.contains("steps") && line.len() < 120, "{line}");
+}
+
+#[test]
+fn a_captured_ring_of_one_rank_has_no_signal() {
+    // `exec::run` captures a ring of a job of processes only when it has no signal.
+    let d = Config::default();
+    for (c, layout) in [
+        (C::AllReduce { count: 4 << 20 }, OUT),
+        (C::AllReduce { count: 1000 }, IN),
+        (C::AllGather { sendcount: 1000 }, OUT),
+        (C::Scatter { recvcount: 1000, root: 0 }, OUT),
+        (C::Broadcast { count: 1000, root: 0 }, IN),
+    ] {
+        let (plan, _) = run(c, layout, Comm::ProcsCapturing(1), &d);
+        match plan {
+            Ok((CallPlan::ProcessRing { plan, .. }, _)) => {
+                assert!(plan.signals.count.iter().all(|&k| k == 0), "{c:?}: signals {:?}", plan.signals.count)
+            }
+            other => panic!("{c:?}: {other:?}"),
+        }
+    }
 }
