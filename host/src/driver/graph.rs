@@ -161,14 +161,18 @@ pub unsafe fn keep_alive_in_graph<T: Send + 'static>(graph: sys::CUgraph, value:
 /// The calling thread's stream-capture mode set to relaxed, restored when dropped: while it
 /// lives, the thread's queries and frees (`cuEventQuery`, `cuStreamQuery`, `cuMemFree`) are
 /// allowed during another thread's capture in the global mode (PyTorch's default), instead of
-/// failing and invalidating that capture. A thread that does not change its mode keeps it (the
-/// guard then restores nothing).
+/// failing and invalidating that capture. Without the CUDA driver, or if the mode cannot be
+/// changed, the thread keeps its mode (the guard then restores nothing).
 ///
 /// ```no_run
 /// let _relaxed = ringccl::internals::driver::graph::relaxed_capture_mode();
 /// // cuEventQuery here does not disturb another thread's global-mode capture.
 /// ```
 pub fn relaxed_capture_mode() -> RelaxedCaptureMode {
+    // Without the driver (nothing captured, nothing to query) the call would not resolve.
+    if super::ensure_driver().is_err() {
+        return RelaxedCaptureMode(None);
+    }
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: `mode` is a valid local; the call exchanges the thread's mode for it.
     let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
