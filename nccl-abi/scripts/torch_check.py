@@ -242,11 +242,15 @@ def graph_capture(rank, world, dev, results, failures):
             torch.cuda.synchronize()
             for b, e, (n, dt) in zip(bufs, eager, sizes):
                 want = sum(value(r, n, dt, k) for r in range(world))
-                name = str(dt).replace("torch.", "")
-                check(f"{key}/{name}/{n}/replay{k}", b, want, results, failures, 0)
-                check(f"{key}/{name}/{n}/eager{k}", e, want, results, failures, 0)
+                name = f"{key}/{str(dt).replace('torch.', '')}/{n}"
+                if k == 4:
+                    # The last replay's tensors are kept (and compared across libraries).
+                    check(f"{name}/replay", b, want, results, failures, 0)
+                    check(f"{name}/eager", e, want, results, failures, 0)
+                elif not torch.equal(b.cpu().to(torch.float64), want):
+                    failures.append(f"{name}/replay{k}: wrong values")
                 if not torch.equal(b, e):
-                    failures.append(f"{key}/{name}/{n}/replay{k}: differs from the eager call")
+                    failures.append(f"{name}/replay{k}: differs from the eager call")
         del g
         lines.append("all_reduce: ok" if len(failures) == before else f"all_reduce: FAIL {failures[-1]}")
     except Exception as e:  # noqa: BLE001 - a refusal is a failure, reported, never a pass
