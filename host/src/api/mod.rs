@@ -221,9 +221,8 @@ impl Communicator {
             streams,
         )?;
         // Whether the streams are being captured into a CUDA graph (all or none: checked here,
-        // before anything is enqueued).
-        // In a job of processes only the one-shot and two-shot kernels can be captured: the
-        // choice refuses the rest (`plan::call::capture_limit`), before anything is enqueued.
+        // before anything is enqueued). In a job of processes only the one-shot and two-shot
+        // kernels can be captured: the choice refuses the rest (`plan::call::capture_limit`).
         let capture = exec::capture(streams)?;
         Ok(Some(Checked {
             ptrs: checked.ptrs,
