@@ -33,6 +33,7 @@ Their lines start with `[rank 0] premul`, `[rank 0] watchdog`, `[rank 0] registe
 """
 
 import argparse
+import copy
 import ctypes
 import datetime
 import json
@@ -187,6 +188,128 @@ def premul_sum(rank, world, dev, results, failures):
             msg = f"{key}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             failures.append(msg)
             lines.append(f"{name}: FAIL {msg}")
+    return lines
+
+
+def graph_capture(rank, world, dev, results, failures):
+    """dist.all_reduce captured in torch.cuda.graph (PyTorch's default, global capture mode) and
+    replayed, against eager calls and exact expected values; then a small training step (a tiny
+    MLP, its gradient all-reduce inside the graph) captured and replayed against the same steps
+    run eagerly on a copy of the model.
+
+    All-reduce: float32 of 1 element to 2 Mi (8 MiB: one-shot and two-shot) and bfloat16, in one
+    graph; before each of 5 replays the captured tensors get new inputs (small integers plus the
+    replay's number: sums exact), and an eager all_reduce of the same inputs runs between
+    replays; replay and eager must both equal the sum computed here. Training step: SGD on an
+    MLP 16-32-4, each rank its own data, gradients summed over ranks and divided by the world
+    size inside the graph; 3 warm-up steps eager (on a side stream, as PyTorch asks), then 5
+    replays, the parameters compared after each with the eager copy's (tolerance 1e-5: cuBLAS
+    may pick other kernels under capture). Returns one line per part: "ok", or why it failed;
+    a library that refuses the capture FAILs with the error it raised."""
+    lines = []
+    key = "graph/all_reduce"
+    try:
+        sizes = [(1, torch.float32), (1000, torch.float32), (65537, torch.float32), (300001, torch.float32),
+                 (2 << 20, torch.float32), (4097, torch.bfloat16), (100000, torch.bfloat16)]
+        bufs = [torch.zeros(n, dtype=dt, device=dev) for n, dt in sizes]
+
+        def value(r, n, dt, k):
+            return inputs(r, n, torch.float64, "cpu") + k
+
+        def fill(k):
+            for b in bufs:
+                b.copy_(value(rank, b.numel(), b.dtype, k).to(b.dtype).to(dev))
+
+        # Warm up on a side stream (PyTorch's rule for what a graph captures).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in bufs:
+                dist.all_reduce(b)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for b in bufs:
+                dist.all_reduce(b)
+        before = len(failures)
+        for k in range(5):
+            fill(k)
+            g.replay()
+            eager = [value(rank, b.numel(), b.dtype, k).to(b.dtype).to(dev) for b in bufs]
+            for e in eager:
+                dist.all_reduce(e)
+            torch.cuda.synchronize()
+            for b, e, (n, dt) in zip(bufs, eager, sizes):
+                want = sum(value(r, n, dt, k) for r in range(world))
+                name = f"{key}/{str(dt).replace('torch.', '')}/{n}"
+                if k == 4:
+                    # The last replay's tensors are kept (and compared across libraries).
+                    check(f"{name}/replay", b, want, results, failures, 0)
+                    check(f"{name}/eager", e, want, results, failures, 0)
+                elif not torch.equal(b.cpu().to(torch.float64), want):
+                    failures.append(f"{name}/replay{k}: wrong values")
+                if not torch.equal(b, e):
+                    failures.append(f"{name}/replay{k}: differs from the eager call")
+        del g
+        lines.append("all_reduce: ok" if len(failures) == before else f"all_reduce: FAIL {failures[-1]}")
+    except Exception as e:  # noqa: BLE001 - a refusal is a failure, reported, never a pass
+        msg = f"{key}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        failures.append(msg)
+        lines.append(f"all_reduce: FAIL {msg}")
+
+    key = "graph/train_step"
+    try:
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
+        twin = copy.deepcopy(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(2000 + rank)
+        data = [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(8)]
+        static_x = torch.zeros(8, 16, device=dev)
+        static_y = torch.zeros(8, 4, device=dev)
+
+        def step(m, o, x, y):
+            o.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            for p in m.parameters():
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+            o.step()
+            return loss
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for x, y in data[:3]:
+                static_x.copy_(x.to(dev))
+                static_y.copy_(y.to(dev))
+                step(model, opt, static_x, static_y)
+        torch.cuda.current_stream().wait_stream(side)
+        for x, y in data[:3]:
+            step(twin, twin_opt, x.to(dev), y.to(dev))
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step(model, opt, static_x, static_y)
+        before = len(failures)
+        for i, (x, y) in enumerate(data[3:]):
+            static_x.copy_(x.to(dev))
+            static_y.copy_(y.to(dev))
+            g.replay()
+            step(twin, twin_opt, x.to(dev), y.to(dev))
+            torch.cuda.synchronize()
+            got = torch.cat([p.detach().flatten() for p in model.parameters()])
+            want = torch.cat([p.detach().flatten() for p in twin.parameters()])
+            check(f"{key}/replay{i}", got, want, results, failures, 1e-5)
+        del g
+        lines.append("train_step: ok" if len(failures) == before else f"train_step: FAIL {failures[-1]}")
+    except Exception as e:  # noqa: BLE001 - a refusal is a failure, reported, never a pass
+        msg = f"{key}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        failures.append(msg)
+        lines.append(f"train_step: FAIL {msg}")
     return lines
 
 
@@ -508,15 +631,19 @@ def main():
         failures.append(f"subgroups: {groups}")
     # PreMulSum and the child jobs last: a library that refuses them must not take the rest down.
     premul = premul_sum(rank, world, dev, results, failures)
+    graphs = graph_capture(rank, world, dev, results, failures)
     children = [] if args.skip_children else child_checks(rank, failures)
     torch.save({"lib": lib, "results": results, "failures": failures, "losses": losses, "params": params,
-                "timing": rows, "p2p": p2p, "a2a": a2a, "groups": groups, "premul": premul, "children": children},
+                "timing": rows, "p2p": p2p, "a2a": a2a, "groups": groups, "premul": premul, "graphs": graphs,
+                "children": children},
                os.path.join(args.out, f"rank{rank}.pt"))
     print(f"[rank {rank}] {lib}: {len(results)} results checked, {len(failures)} failed "
           f"({t1 - t0:.1f} s); DDP 50 steps loss {losses[0]:.4f} -> {losses[-1]:.4f} ({t2 - t1:.1f} s); "
           f"timing {t3 - t2:.1f} s; all_to_all: {a2a}; send/recv: {p2p}; sub-groups: {groups}", flush=True)
     for line in premul:
         print(f"[rank {rank}] premul {line}", flush=True)
+    for line in graphs:
+        print(f"[rank {rank}] graph {line}", flush=True)
     for line in children:
         print(f"[rank {rank}] {line}", flush=True)
     for f in failures[:20]:

@@ -221,16 +221,9 @@ impl Communicator {
             streams,
         )?;
         // Whether the streams are being captured into a CUDA graph (all or none: checked here,
-        // before anything is enqueued).
+        // before anything is enqueued). In a job of processes only the one-shot and two-shot
+        // kernels can be captured: the choice refuses the rest (`plan::call::capture_limit`).
         let capture = exec::capture(streams)?;
-        if let (Some(p), Some(_)) = (self.process(), &capture) {
-            return Err(crate::Error::invalid(
-                Some(p.rank),
-                crate::Arg::Stream,
-                "a communicator of processes cannot be captured into a CUDA graph yet: call it \
-                 eagerly",
-            ));
-        }
         Ok(Some(Checked {
             ptrs: checked.ptrs,
             layout: checked.layout,
@@ -275,6 +268,7 @@ impl Communicator {
                     remote_peer: &remote_peer,
                     sms: &sms,
                     plans: &p.plans,
+                    capturing,
                 });
                 plan::call::choose(call, &view, config)?
             }

@@ -417,8 +417,10 @@ impl Communicator {
             return Err(Error::invalid(
                 Some(p.rank),
                 Arg::Stream,
-                "a communicator of processes cannot be captured into a CUDA graph yet: call it \
-                 eagerly",
+                "point-to-point operations cannot be captured into a CUDA graph in a job of \
+                 processes yet (their signals are numbered on the host; all-reduce, \
+                 reduce-scatter, all-gather, all-to-all, broadcast and reduce up to \
+                 RINGCCL_TWOSHOT_MAX_BYTES can): call them eagerly",
             ));
         }
         let Some(stream) = streams.first() else {

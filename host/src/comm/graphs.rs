@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::Communicator;
+use super::{Communicator, Kind};
 use crate::driver::graph::{keep_alive_in_graph, Capture};
 use crate::Result;
 
@@ -33,13 +33,27 @@ impl Communicator {
 
     /// On drop, once no work of this communicator's own is left: if CUDA graphs that captured
     /// its calls still exist, moves the device resources they use (kernels, flags, scratch,
-    /// events, control block, streams) to the hold they share, to be freed with the last one.
+    /// events, control block, streams; a rank of a job of processes also its windows: its own
+    /// exported flag area and scratch, its mappings of the peers', and the scratch buffers
+    /// kept after growths) to the hold they share, to be freed with the last one. The windows
+    /// are released then by the rule the drop set ([`crate::transport::ipc::Release`]): after
+    /// a failure, what the peers mapped is still leaked.
     pub(super) fn hand_over_to_graphs(&mut self) {
         if Arc::strong_count(&self.graphs) == 1 {
             return;
         }
         let state = std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let windows = match &mut self.kind {
+            Kind::Process(p) => {
+                let st = p.state.get_mut().unwrap_or_else(|e| e.into_inner());
+                Some(st.windows.detach())
+            }
+            Kind::Local { .. } => None,
+        };
+        // Dropped in this order when the last graph goes: the windows first (their drop frees
+        // device memory of the rank's context, which the resources keep alive).
         let remains = (
+            windows,
             std::mem::take(&mut self.ranks),
             std::mem::take(&mut self.streams),
             state,

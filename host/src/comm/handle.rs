@@ -61,13 +61,17 @@ impl Communicator {
                 capturing,
             },
             Some(p) => Handle::Process {
-                call: self.process_call(p),
+                call: ProcessCall {
+                    capturing,
+                    ..self.process_call(p)
+                },
                 net: p.net.as_ref(),
             },
         }
     }
 
-    /// The per-call handle of this rank of a job of processes, locked for one call's issue.
+    /// The per-call handle of this rank of a job of processes, locked for one call's issue (an
+    /// eager one: see [`ProcessCall::capturing`]).
     pub(crate) fn process_call<'a>(&'a self, p: &'a ProcessRank) -> ProcessCall<'a> {
         ProcessCall {
             me: self.resources(p.rank),
@@ -75,6 +79,7 @@ impl Communicator {
             memops: &p.memops,
             health: &self.health,
             exchange: &p.boot,
+            capturing: false,
         }
     }
 }

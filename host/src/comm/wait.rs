@@ -148,6 +148,9 @@ impl Communicator {
     /// communicator's own stream), `None` if all are done; a CUDA error of any rank's context
     /// first (every rank is queried: a dead GPU is named even while another rank still waits).
     pub(super) fn pending_rank(&self) -> Result<Option<usize>> {
+        // Called from any thread (`ncclCommGetAsyncError` from PyTorch's watchdog): its queries
+        // must not fail, nor invalidate, another thread's capture in the global mode.
+        let _relaxed = crate::driver::graph::relaxed_capture_mode();
         let mut pending = None;
         {
             let state = self.lock_state();

@@ -93,6 +93,9 @@ unsafe extern "C" fn release(p: *mut c_void) {
     let spawned = std::thread::Builder::new()
         .name("ringccl-graph-release".into())
         .spawn(move || {
+            // Freeing device memory while another thread captures in the global mode would
+            // invalidate that capture.
+            let _relaxed = relaxed_capture_mode();
             // SAFETY: `addr` came from `Box::into_raw` in `keep_alive_in_graph`; the driver
             // calls the destructor once, and only this thread takes the box back.
             drop(unsafe { Box::<Box<dyn Send>>::from_raw(addr as *mut Box<dyn Send>) });
@@ -153,6 +156,40 @@ pub unsafe fn keep_alive_in_graph<T: Send + 'static>(graph: sys::CUgraph, value:
         });
     }
     Ok(())
+}
+
+/// The calling thread's stream-capture mode set to relaxed, restored when dropped: while it
+/// lives, the thread's queries and frees (`cuEventQuery`, `cuStreamQuery`, `cuMemFree`) are
+/// allowed during another thread's capture in the global mode (PyTorch's default), instead of
+/// failing and invalidating that capture. Without the CUDA driver, or if the mode cannot be
+/// changed, the thread keeps its mode (the guard then restores nothing).
+///
+/// ```no_run
+/// let _relaxed = ringccl::internals::driver::graph::relaxed_capture_mode();
+/// // cuEventQuery here does not disturb another thread's global-mode capture.
+/// ```
+pub fn relaxed_capture_mode() -> RelaxedCaptureMode {
+    // Without the driver (nothing captured, nothing to query) the call would not resolve.
+    if super::ensure_driver().is_err() {
+        return RelaxedCaptureMode(None);
+    }
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a valid local; the call exchanges the thread's mode for it.
+    let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    RelaxedCaptureMode((r == sys::CUresult::CUDA_SUCCESS).then_some(mode))
+}
+
+/// See [`relaxed_capture_mode`]: holds the thread's previous capture mode.
+#[must_use = "the mode is restored when the guard is dropped"]
+pub struct RelaxedCaptureMode(Option<sys::CUstreamCaptureMode>);
+
+impl Drop for RelaxedCaptureMode {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0.take() {
+            // SAFETY: `mode` is a valid local holding the mode this thread had before.
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
 }
 
 #[cfg(test)]

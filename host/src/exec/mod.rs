@@ -28,6 +28,14 @@
 //! ordered (on the streams) with the communicator's other calls, eager or graphed, like any
 //! two calls on it.
 //!
+//! A rank of a job of processes captures only its one-shot and two-shot calls
+//! (`process::execute_oneshot`: barrier epochs on the device, staging in the exported scratch
+//! at fixed addresses); the ring through the scratch, the point-to-point groups and the network
+//! path number their signals on the host and are refused under capture
+//! ([`crate::plan::call::capture_limit`]). Its scratch does not grow in a capture, and once a
+//! graph holds it a later growth keeps the old buffers and mappings
+//! ([`crate::transport::ipc::Windows::mark_captured`]), handed to the graphs with the rest.
+//!
 //! Nothing here blocks the host.
 
 pub mod copy_engine;

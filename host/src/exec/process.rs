@@ -18,8 +18,9 @@
 //! the communicator's abort word, and the clock: a peer that never signals (its process died)
 //! ends the wait after [`crate::Config::timeout`] with a status the host reports as
 //! [`Error::Timeout`], and an abort ends it at once (a `cuStreamWaitValue64` cannot be ended
-//! either way). Nothing blocks the host. CUDA-graph capture is refused (the counters' values
-//! would be frozen into the graph).
+//! either way). Nothing blocks the host. CUDA-graph capture of such a call is refused (the
+//! counters' values would be frozen into the graph); the one-shot and two-shot kernels
+//! ([`execute_oneshot`]) keep their barrier epochs on the device and can be captured.
 
 use cudarc::driver::CudaStream;
 
@@ -49,14 +50,41 @@ pub struct ProcessCall<'a> {
     pub health: &'a Health,
     /// The ranks' exchange (the bootstrap), for growing the scratch.
     pub exchange: &'a dyn Exchange,
+    /// Whether the stream is being captured into a CUDA graph: the previous call's end is
+    /// then neither waited on nor recorded, and the scratch cannot grow.
+    pub capturing: bool,
 }
 
 impl ProcessCall<'_> {
     /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
     /// needs the same at the same call). Waits on the host for this rank's previous call first:
     /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
+    ///
+    /// During a CUDA-graph capture the scratch cannot grow (the growth is a blocking exchange
+    /// with every rank, which the peers would not join at the same call, and it would free the
+    /// buffers other graphs hold): a call that needs more is refused before anything is
+    /// enqueued, telling the caller to run one eager call of that size first. A captured call
+    /// marks the scratch as held by a graph: a later growth keeps the old buffers and mappings
+    /// ([`crate::transport::ipc::Windows::mark_captured`]).
     pub fn ensure_scratch(&mut self, bytes: usize) -> Result<()> {
-        if bytes <= self.state.windows.scratch_bytes() {
+        let have = self.state.windows.scratch_bytes();
+        if self.capturing {
+            if bytes > have {
+                return Err(Error::invalid(
+                    Some(self.state.rank),
+                    crate::Arg::Stream,
+                    format!(
+                        "this call is being captured into a CUDA graph and needs {bytes} bytes of \
+                         scratch memory, more than the communicator's {have}: the scratch grows \
+                         only in an eager call (every rank at once), so run one eager call of \
+                         this size on every rank before capturing"
+                    ),
+                ));
+            }
+            self.state.windows.mark_captured();
+            return Ok(());
+        }
+        if bytes <= have {
             return Ok(());
         }
         let (rank, health) = (self.state.rank, self.health);
@@ -167,6 +195,10 @@ pub(crate) fn execute(
         if !enqueued {
             return Err(cause);
         }
+        if call.capturing {
+            // Nothing ran, and a job of one rank has no peer whose counters could disagree.
+            return Err(cause);
+        }
         // The end event covers what was enqueued, so that the communicator's drop waits for it
         // before it unmaps the peers' buffers (best effort: the communicator is failed anyway).
         let _ = record(&call.state.end, stream, r);
@@ -202,7 +234,11 @@ fn issue(
     let r = call.state.rank;
     let size = dtype.size();
     let scratch = call.state.windows.scratch();
-    wait(stream, &call.state.end, r)?;
+    // Captured (a job of one rank, whose ring has no signal), the previous call's end is
+    // neither waited on nor recorded, as for the one-shot kernels.
+    if !call.capturing {
+        wait(stream, &call.state.end, r)?;
+    }
     // Anything after the first signal or wait leaves the ranks' counters out of step on failure.
     *enqueued = true;
     for &x in &sig.start_send[r] {
@@ -255,6 +291,9 @@ fn issue(
     }
     for &x in &sig.end_wait[r] {
         call.wait_for(stream, x)?;
+    }
+    if call.capturing {
+        return Ok(());
     }
     record(&call.state.end, stream, r)
 }
@@ -369,7 +408,14 @@ pub(crate) fn execute_oneshot(
     };
     call.health.check()?;
     super::oneshot::ready(&call.me.kernels, shot, dtype, op, n)?;
-    wait(stream, &st.end, r)?;
+    // Captured, the previous call's end (an event recorded outside the capture) is not waited
+    // on: the graph's launches are ordered on the streams by the caller, as with NCCL. The
+    // kernel's barrier epochs live in its flag array, so a replay meets the peers' replays
+    // whatever ran before.
+    let capturing = call.capturing;
+    if !capturing {
+        wait(stream, &st.end, r)?;
+    }
     // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
     // is slower than the driver's, which then runs before it on the stream.
     let stage_in_kernel = matches!(shot, Shot::Two { .. }) || bytes <= STAGE_IN_KERNEL_MAX_BYTES;
@@ -414,9 +460,21 @@ pub(crate) fn execute_oneshot(
         .injected_failure(r)
         .and_then(|()| unsafe { kernel.launch(&call.me.kernels, stream, dtype, op) });
     if let Err(cause) = launched {
+        if capturing {
+            // Nothing ran: the launch went into a capture (often one invalidated by another
+            // call), and the peers' parts are only captured too; the caller has the error. A
+            // graph made of that capture anyway lacks this rank's kernel: its peers' replays
+            // then end at their barrier's timeout, with an error.
+            return Err(cause);
+        }
         // The peers' kernels wait at the barrier for this one (until their timeout): the job
         // cannot go on.
         return Err(partly_enqueued(call.health, vec![r], cause));
+    }
+    if capturing {
+        // Nor is the end recorded inside the capture: the next eager call must not wait on an
+        // event recorded in a graph.
+        return Ok(());
     }
     record(&call.state.end, stream, r)
 }

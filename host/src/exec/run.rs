@@ -101,6 +101,15 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                 return Err(internal("no arguments for this process's rank".into()));
             };
             let stream = stream.as_ref();
+            let signal_free = |p: &CallPlan| match p {
+                CallPlan::ProcessShot { .. } => true,
+                CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
+                _ => false,
+            };
+            if call.capturing && !signal_free(plan) {
+                // `choose` refuses these under capture: their signals are numbered on the host.
+                return Err(internal(format!("{plan:?} chosen under CUDA-graph capture")));
+            }
             match plan {
                 CallPlan::ProcessShot { shot, count, scratch } => track.all(&mut || {
                     call.ensure_scratch(*scratch)?;

@@ -220,6 +220,9 @@ pub struct ProcessView<'a> {
     pub sms: &'a dyn Fn() -> u32,
     /// The rank's ring schedules for processes by call shape.
     pub plans: &'a PlanCache<ProcessPlan>,
+    /// Whether the stream is being captured into a CUDA graph: only the one-shot and two-shot
+    /// kernels can be ([`capture_limit`]); anything else is refused.
+    pub capturing: bool,
 }
 
 /// The network path of a rank of a job of processes.
@@ -353,7 +356,9 @@ impl CallPlan {
 /// reports it). A count of 0 is the caller's (it enqueues nothing and asks for no plan).
 ///
 /// Errors: [`Error::Network`] for a rank of a job of processes with a peer on another machine
-/// and no network path; [`Error::Internal`] where a plan cannot be built (a malformed
+/// and no network path; [`Error::InvalidArgument`] (on [`crate::Arg::Stream`]) for a call of a
+/// rank of a job of processes being captured into a CUDA graph that only the ring, the network
+/// path or signals could run ([`capture_limit`]); [`Error::Internal`] where a plan cannot be built (a malformed
 /// schedule, sizes that overflow).
 ///
 /// ```
@@ -465,6 +470,9 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
     let (c, dtype, layout) = (call.collective, call.dtype, call.layout);
     let (n, size) = (v.nranks, dtype.size());
     let max_bytes = c.max_elems(n).unwrap_or(0).saturating_mul(size);
+    if v.capturing && v.net.is_some() {
+        return Err(not_capturable(call, v, config, "over the network path"));
+    }
     if let Some(net) = &v.net {
         // Some ranks are on other machines (or every pair is forced onto the network): the
         // collective as groups of point-to-point transfers, receives combined by a reduce
@@ -495,10 +503,20 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
             ),
         });
     }
-    let algorithm = match c {
-        Collective::AllReduce { .. } => Some(tuning::process_all_reduce_algorithm(max_bytes, n, config)),
-        c if twoshot_other(c) => Some(tuning::twoshot_algorithm(max_bytes, n, true, true, config)),
-        _ => None,
+    let algorithm = if v.capturing && n == 1 {
+        // One rank: the ring, a copy on its own buffers with no signal, is captured.
+        None
+    } else if v.capturing {
+        match capture_algorithm(c, max_bytes, n, config) {
+            Some(a) => Some(a),
+            None => return Err(not_capturable(call, v, config, "")),
+        }
+    } else {
+        match c {
+            Collective::AllReduce { .. } => Some(tuning::process_all_reduce_algorithm(max_bytes, n, config)),
+            c if twoshot_other(c) => Some(tuning::twoshot_algorithm(max_bytes, n, true, true, config)),
+            _ => None,
+        }
     };
     let shot = match algorithm {
         Some(Algorithm::OneShot) => Some(Shot::One),
@@ -522,6 +540,92 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
         .plans
         .get_or_build(key, || ProcessPlan::new(&c.schedule(v.ring, layout, chunk)))?;
     Ok((CallPlan::ProcessRing { chunk, plan }, new))
+}
+
+/// The largest call (bytes per rank; the larger buffer of the collectives but the all-reduce)
+/// of `c` that a rank of a job of `nranks` processes can capture into a CUDA graph with
+/// `config`, `None` where none can. Only the one-shot and two-shot kernels can be captured
+/// there: their barrier epochs live on the device and they stage through the exported scratch
+/// at fixed addresses, so a replay is right however many calls, eager or replayed, ran before.
+/// The ring through the scratch, the point-to-point groups and the network path number their
+/// signals on the host, and those numbers would be frozen into the graph. A job of one process
+/// captures every collective at any size: its ring is a copy on its own buffers, with no signal.
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::capture_limit;
+/// use ringccl::Config;
+/// let c = Config::default();
+/// assert_eq!(capture_limit(Collective::AllReduce { count: 1 }, 2, &c), Some(c.twoshot_max_bytes));
+/// assert_eq!(capture_limit(Collective::AllGather { sendcount: 1 }, 4, &c), Some(c.twoshot_max_bytes));
+/// assert_eq!(capture_limit(Collective::Gather { sendcount: 1, root: 0 }, 2, &c), None);
+/// assert_eq!(capture_limit(Collective::AllReduce { count: 1 }, 16, &c), None);
+/// assert_eq!(capture_limit(Collective::Gather { sendcount: 1, root: 0 }, 1, &c), Some(usize::MAX));
+/// ```
+pub fn capture_limit(c: Collective, nranks: usize, config: &Config) -> Option<usize> {
+    if nranks == 1 {
+        return Some(usize::MAX);
+    }
+    if !(2..=gpu_kernels::oneshot::MAX_RANKS).contains(&nranks) {
+        return None;
+    }
+    let of = twoshot_of(c)?;
+    match (config.algorithm, of) {
+        (Some(Algorithm::OneShot), TwoShotOf::AllReduce) | (Some(Algorithm::TwoShot), _) => Some(usize::MAX),
+        (_, TwoShotOf::AllReduce) => Some(config.oneshot_max_bytes.max(config.twoshot_max_bytes)),
+        _ => Some(config.twoshot_max_bytes),
+    }
+}
+
+/// The kernel a captured call of `c` (`bytes` per rank, as [`capture_limit`] counts them) runs
+/// among `nranks` processes: the one-shot or two-shot kernel, forced or by size, whatever
+/// [`Config::algorithm`] forces otherwise (the ring cannot be captured there); `None` where
+/// the call cannot be captured.
+fn capture_algorithm(c: Collective, bytes: usize, nranks: usize, config: &Config) -> Option<Algorithm> {
+    if bytes > capture_limit(c, nranks, config)? {
+        return None;
+    }
+    let all_reduce = matches!(c, Collective::AllReduce { .. });
+    Some(match config.algorithm {
+        Some(Algorithm::OneShot) if all_reduce => Algorithm::OneShot,
+        Some(Algorithm::TwoShot) => Algorithm::TwoShot,
+        _ if all_reduce && bytes <= config.oneshot_max_bytes => Algorithm::OneShot,
+        _ => Algorithm::TwoShot,
+    })
+}
+
+/// The error of a call of a rank of a job of processes that cannot be captured into a CUDA
+/// graph (`how`: what makes it impossible beyond its size and kind, or empty).
+fn not_capturable(call: &CallShape, v: &ProcessView<'_>, config: &Config, how: &str) -> Error {
+    let c = call.collective;
+    let bytes = c.max_elems(v.nranks).unwrap_or(0).saturating_mul(call.dtype.size());
+    let what = format!("this {} of {bytes} bytes", c.name());
+    let reason = if !how.is_empty() {
+        format!(
+            "{what} cannot be captured into a CUDA graph in a job of processes {how} yet (its \
+             signals are numbered on the host): call it eagerly"
+        )
+    } else {
+        match capture_limit(c, v.nranks, config) {
+            Some(max) => format!(
+                "{what} cannot be captured into a CUDA graph in a job of processes yet (sizes up \
+                 to {max} bytes can, RINGCCL_TWOSHOT_MAX_BYTES): call it eagerly, or split it"
+            ),
+            None if twoshot_of(c).is_none() => format!(
+                "{what} cannot be captured into a CUDA graph in a job of processes yet (all-reduce, \
+                 reduce-scatter, all-gather, all-to-all, broadcast and reduce up to {} bytes \
+                 can): call it eagerly",
+                config.twoshot_max_bytes
+            ),
+            None => format!(
+                "{what} cannot be captured into a CUDA graph in a job of processes yet (jobs of 2 \
+                 to {} processes can; this one has {}): call it eagerly",
+                gpu_kernels::oneshot::MAX_RANKS,
+                v.nranks
+            ),
+        }
+    };
+    Error::invalid(Some(v.rank), crate::Arg::Stream, reason)
 }
 
 #[cfg(test)]

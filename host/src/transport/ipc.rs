@@ -20,7 +20,10 @@
 //! is a fatal GPU fault, which under MPS tears down every process on the GPU. Such buffers are
 //! leaked instead (until the process exits), with a warning that says how many bytes
 //! ([`Release`], [`Windows::set_release`]). In the same way this process's mappings of the
-//! peers' buffers are closed only once its own work on them is done.
+//! peers' buffers are closed only once its own work on them is done. Once a CUDA graph has
+//! captured a call on the scratch ([`Windows::mark_captured`]), a growth keeps the old scratch
+//! and its mappings (the graph replays on them) until the windows are dropped, which a
+//! communicator dropped before its graphs leaves to the last of them.
 
 use std::sync::Arc;
 
@@ -297,6 +300,24 @@ impl Shared {
     fn leak_mappings(&mut self) {
         std::mem::forget(std::mem::take(&mut self.reach));
     }
+
+    /// Nothing: what [`Windows::detach`] leaves behind (its drop releases nothing).
+    fn empty() -> Self {
+        Shared {
+            own: None,
+            bytes: 0,
+            reach: Vec::new(),
+            addr: Vec::new(),
+            machines: Vec::new(),
+            sms: Vec::new(),
+            ordinals: Vec::new(),
+        }
+    }
+
+    /// The bytes of this rank's own buffer, 0 once leaked.
+    fn own_bytes(&self) -> usize {
+        self.own.as_ref().map_or(0, DeviceAlloc::bytes)
+    }
 }
 
 /// What dropping a rank's [`Windows`] releases: this rank's own flag area and scratch
@@ -358,6 +379,12 @@ pub struct Windows {
     locality: (u64, bool),
     /// What the drop releases ([`Windows::set_release`]), and the level of its report.
     release: (Release, DebugLevel),
+    /// A CUDA graph captured a call that uses the scratch ([`Windows::mark_captured`]).
+    captured: bool,
+    /// Scratch buffers replaced by a growth while a CUDA graph may still use them (this
+    /// rank's own and this process's mappings of the peers'): released with the windows, by
+    /// the same rule.
+    retired: Vec<Shared>,
 }
 
 impl Drop for Windows {
@@ -366,9 +393,11 @@ impl Drop for Windows {
         if !unmap_peers {
             self.flags.leak_mappings();
             self.scratch.leak_mappings();
+            self.retired.iter_mut().for_each(Shared::leak_mappings);
         }
         if !free_own {
-            let (flags, scratch) = (self.flags.leak_own(), self.scratch.leak_own());
+            let retired: usize = self.retired.iter_mut().map(Shared::leak_own).sum();
+            let (flags, scratch) = (self.flags.leak_own(), self.scratch.leak_own() + retired);
             if flags + scratch > 0 {
                 crate::debug::emit(
                     debug,
@@ -437,7 +466,44 @@ impl Windows {
             scratch,
             locality,
             release: (Release::UNCLAIMED, DebugLevel::Warn),
+            captured: false,
+            retired: Vec::new(),
         })
+    }
+
+    /// Notes that a CUDA graph captured a call that uses the scratch (its addresses, this
+    /// rank's and the peers', are in the graph): from now on a growth keeps the old buffers
+    /// and mappings ([`Windows::grow_scratch`]) until the windows are dropped. Every rank
+    /// captures the same calls, so every rank marks its windows alike.
+    pub fn mark_captured(&mut self) {
+        self.captured = true;
+    }
+
+    /// Whether a CUDA graph captured a call that uses the scratch.
+    pub fn captured(&self) -> bool {
+        self.captured
+    }
+
+    /// Bytes of this rank's scratch buffers kept for CUDA graphs after growths.
+    pub fn retired_bytes(&self) -> usize {
+        self.retired.iter().map(Shared::own_bytes).sum()
+    }
+
+    /// Moves everything these windows hold (buffers, mappings, retired scratch, the release
+    /// rule) into the windows returned, leaving these empty: the communicator's drop hands
+    /// them to the CUDA graphs that still use them, to be released by the rule already set
+    /// ([`Windows::set_release`]) when the last graph is gone.
+    pub fn detach(&mut self) -> Windows {
+        Windows {
+            ctx: self.ctx.clone(),
+            rank: self.rank,
+            flags: std::mem::replace(&mut self.flags, Shared::empty()),
+            scratch: std::mem::replace(&mut self.scratch, Shared::empty()),
+            locality: self.locality,
+            release: self.release,
+            captured: self.captured,
+            retired: std::mem::take(&mut self.retired),
+        }
     }
 
     /// Sets what dropping these windows releases ([`Release::at_drop`]; until called,
@@ -448,8 +514,7 @@ impl Windows {
         if release.free_own {
             0
         } else {
-            let own = |s: &Shared| s.own.as_ref().map_or(0, DeviceAlloc::bytes);
-            own(&self.flags) + own(&self.scratch)
+            self.flags.own_bytes() + self.scratch.own_bytes() + self.retired_bytes()
         }
     }
 
@@ -520,6 +585,12 @@ impl Windows {
     /// new mappings. If the exchange fails, the old buffers stay (the windows' drop decides
     /// their fate); if the last step fails (some rank may not have closed its mappings of the
     /// old buffer, or not be done with it), the old buffer is leaked, not freed.
+    ///
+    /// Once a CUDA graph has captured a call that uses the scratch ([`Windows::mark_captured`])
+    /// the old buffer and this process's mappings of the peers' old buffers are kept instead
+    /// (retired, released with the windows): the graph's replays still use them, on every rank.
+    /// The ranks still meet after the exchange, so that every rank takes part in the same
+    /// exchanges whatever it captured.
     pub fn grow_scratch(&mut self, bytes: usize, ex: &dyn Exchange) -> Result<()> {
         if bytes <= self.scratch_bytes() {
             return Ok(());
@@ -527,6 +598,10 @@ impl Windows {
         let target = bytes.next_power_of_two().max(MIN_SCRATCH_BYTES);
         let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.locality)?;
         let mut old = std::mem::replace(&mut self.scratch, new);
+        if self.captured {
+            self.retired.push(old);
+            return ex.all_gather(&[]).map(drop);
+        }
         // Close this process's mappings of the old buffers (this rank's work on them has ended),
         // wait until every rank has, then free the old buffer.
         drop(std::mem::take(&mut old.reach));

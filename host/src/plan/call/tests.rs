@@ -25,6 +25,10 @@ enum Comm {
     Net(usize, bool),
     /// Rank 0 of `n` processes, a peer on another machine, no network path.
     Remote(usize),
+    /// Rank 0 of `n` processes on one machine, its stream being captured into a CUDA graph.
+    ProcsCapturing(usize),
+    /// Rank 0 of `n` processes over the network (every pair), its stream being captured.
+    NetCapturing(usize),
 }
 
 /// What a row expects.
@@ -38,6 +42,9 @@ enum Want {
     Network(bool),
     Hybrid(bool),
     NetworkError,
+    /// Refused under capture: `InvalidArgument` on the stream, naming rank 0, its reason
+    /// containing the text.
+    NotCapturable(&'static str),
 }
 
 fn forced(a: Algorithm) -> Config {
@@ -76,7 +83,7 @@ fn run(c: Collective, layout: Layout, comm: Comm, config: &Config) -> (Result<(C
             });
             choose(&call, &view, config)
         }
-        Comm::Procs(n) | Comm::Net(n, _) | Comm::Remote(n) => {
+        Comm::Procs(n) | Comm::Net(n, _) | Comm::Remote(n) | Comm::ProcsCapturing(n) | Comm::NetCapturing(n) => {
             ring = (0..n).collect();
             let ids: Vec<u64> = (0..n).map(|r| u64::from(r >= n / 2)).collect();
             machines = Machines::new(&ids);
@@ -85,8 +92,13 @@ fn run(c: Collective, layout: Layout, comm: Comm, config: &Config) -> (Result<(C
                     all,
                     machines: &machines,
                 }),
+                Comm::NetCapturing(_) => Some(NetView {
+                    all: true,
+                    machines: &machines,
+                }),
                 _ => None,
             };
+            let capturing = matches!(comm, Comm::ProcsCapturing(_) | Comm::NetCapturing(_));
             let remote = matches!(comm, Comm::Remote(_)).then_some(n - 1);
             let view = CommView::Process(ProcessView {
                 rank: 0,
@@ -96,6 +108,7 @@ fn run(c: Collective, layout: Layout, comm: Comm, config: &Config) -> (Result<(C
                 remote_peer: &|| remote,
                 sms: &sms,
                 plans: &process_plans,
+                capturing,
             });
             choose(&call, &view, config)
         }
@@ -126,6 +139,9 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
         (Ok((CallPlan::Network(p), _)), Want::Network(h)) => p.hierarchical == *h && p.unit == count * 4,
         (Ok((CallPlan::Hybrid(p), _)), Want::Hybrid(h)) => p.hierarchical == *h && p.unit == count * 4,
         (Err(Error::Network { rank: Some(0), peer: Some(_), .. }), Want::NetworkError) => true,
+        (Err(Error::InvalidArgument { rank: Some(0), arg: crate::Arg::Stream, reason }), Want::NotCapturable(text)) => {
+            reason.contains(text) && reason.contains("cannot be captured into a CUDA graph in a job of processes")
+        }
         _ => false,
     }
 }
@@ -141,6 +157,8 @@ fn every_branch_of_the_choice() {
     let no_p2p = Comm::Local(2, false, false, false);
     let capturing = Comm::Local(2, true, true, true);
     let ts = |of, count: usize, n| two(of, count * 4, n);
+    let pc2 = Comm::ProcsCapturing(2);
+    let tmax = d.twoshot_max_bytes / 4;
     #[rustfmt::skip]
     let rows: Vec<(&str, Collective, Layout, Comm, Config, Want)> = vec![
         // One process, all-reduce.
@@ -180,6 +198,26 @@ fn every_branch_of_the_choice() {
         ("processes, reduce: two-shot", C::Reduce { count: small, root: 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::Reduce { root: 1 }, small, 2), small * 4)),
         ("processes, gather: ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         ("processes, large all-gather: ring", C::AllGather { sendcount: big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
+        // Processes of one machine, under CUDA-graph capture: the one-shot and two-shot
+        // kernels for every size they can, forced algorithms notwithstanding; the rest refused.
+        ("captured small all-reduce: one-shot", C::AllReduce { count: small }, IN, pc2, d.clone(), Want::ProcessShot(Shot::One, small * 4)),
+        ("captured mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
+        ("captured all-reduce at the two-shot limit: two-shot", C::AllReduce { count: tmax }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, tmax, 2), scratch_for(ts(TwoShotOf::AllReduce, tmax, 2), tmax * 4, 2).unwrap_or(0))),
+        ("captured all-reduce above the two-shot limit: refused", C::AllReduce { count: tmax + 1 }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
+        ("captured forced ring: two-shot all the same", C::AllReduce { count: mid }, OUT, pc2, forced(Algorithm::Ring), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
+        ("captured forced copy engines: one-shot", C::AllReduce { count: small }, OUT, pc2, forced(Algorithm::CopyEngine), Want::ProcessShot(Shot::One, small * 4)),
+        ("captured forced two-shot above the limit: two-shot", C::AllReduce { count: big }, OUT, pc2, forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, big, 2), scratch_for(ts(TwoShotOf::AllReduce, big, 2), big * 4, 2).unwrap_or(0))),
+        ("captured reduce-scatter: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 4 * small, 4), 4 * small * 4)),
+        ("captured all-gather: two-shot", C::AllGather { sendcount: small }, IN, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
+        ("captured broadcast: two-shot", C::Broadcast { count: small, root: 1 }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), small * 4)),
+        ("captured all-to-all: two-shot", C::AllToAll { count_per_peer: small }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllToAll, 2 * small, 2), 2 * small * 4)),
+        ("captured large all-gather: refused", C::AllGather { sendcount: big }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
+        ("captured gather: refused", C::Gather { sendcount: small, root: 0 }, OUT, pc2, d.clone(), Want::NotCapturable("all-reduce, reduce-scatter, all-gather, all-to-all, broadcast and reduce up to")),
+        ("captured scatter: refused", C::Scatter { recvcount: small, root: 0 }, OUT, pc2, d.clone(), Want::NotCapturable("up to 8388608 bytes can")),
+        ("captured, sixteen ranks: refused", C::AllReduce { count: small }, OUT, Comm::ProcsCapturing(16), d.clone(), Want::NotCapturable("jobs of 2 to 8 processes can")),
+        ("captured, one rank: its ring (a copy)", C::AllReduce { count: big }, OUT, Comm::ProcsCapturing(1), d.clone(), Want::ProcessRing),
+        ("captured gather, one rank: its ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::ProcsCapturing(1), d.clone(), Want::ProcessRing),
+        ("captured over the network: refused", C::AllReduce { count: small }, OUT, Comm::NetCapturing(4), d.clone(), Want::NotCapturable("over the network path")),
         // Processes over the network.
         ("every pair over the network: flat", C::AllReduce { count: small }, OUT, Comm::Net(4, true), d.clone(), Want::Network(false)),
         ("two machines of two: hierarchical", C::AllReduce { count: small }, OUT, Comm::Net(4, false), d.clone(), Want::Hybrid(true)),
@@ -240,4 +278,25 @@ fn the_debug_line_is_a_summary() {
     let (p, _) = run(C::AllReduce { count: 1 << 22 }, OUT, Comm::Local(4, false, false, false), &Config::default());
     let line = format!("{:?}", p.map(|(p, _)| p));
     assert!(line.contains("Ring") && line.contains("steps") && line.len() < 120, "{line}");
+}
+
+#[test]
+fn a_captured_ring_of_one_rank_has_no_signal() {
+    // `exec::run` captures a ring of a job of processes only when it has no signal.
+    let d = Config::default();
+    for (c, layout) in [
+        (C::AllReduce { count: 4 << 20 }, OUT),
+        (C::AllReduce { count: 1000 }, IN),
+        (C::AllGather { sendcount: 1000 }, OUT),
+        (C::Scatter { recvcount: 1000, root: 0 }, OUT),
+        (C::Broadcast { count: 1000, root: 0 }, IN),
+    ] {
+        let (plan, _) = run(c, layout, Comm::ProcsCapturing(1), &d);
+        match plan {
+            Ok((CallPlan::ProcessRing { plan, .. }, _)) => {
+                assert!(plan.signals.count.iter().all(|&k| k == 0), "{c:?}: signals {:?}", plan.signals.count)
+            }
+            other => panic!("{c:?}: {other:?}"),
+        }
+    }
 }
