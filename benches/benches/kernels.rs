@@ -95,6 +95,10 @@ impl Work {
                 two,
                 ..
             } => g * if two { 3 } else { 2 },
+            Work::Kernel {
+                kind: EntryKind::Scale,
+                ..
+            } => 2 * g,
             Work::Kernel { two, .. } => g * if two { 4 } else { 3 },
         }
     }
@@ -111,6 +115,7 @@ impl Work {
                     EntryKind::OneShot => "oneshot_sum",
                     EntryKind::TwoShot => "twoshot_sum",
                     EntryKind::TwoShotColl => "twoshot_coll_sum",
+                    EntryKind::Scale => "scale",
                 };
                 format!("{k} {}", dtype.name())
             }
@@ -123,7 +128,7 @@ impl Work {
             gpu.copy_d2d(&ops.a, &ops.d0, OPERAND)?;
             return Ok(0);
         };
-        let op = if kind == EntryKind::Copy {
+        let op = if matches!(kind, EntryKind::Copy | EntryKind::Scale) {
             None
         } else {
             Some(RedOp::Sum)
@@ -142,6 +147,13 @@ impl Work {
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(ops.a.ptr(), ops.b.ptr(), ops.d0.ptr(), d1, n, 1)
             }
+            EntryKind::Scale => vec![
+                KArg::U64(ops.a.ptr()),
+                KArg::U64(ops.d0.ptr()),
+                KArg::U64(n),
+                KArg::U64(1),
+                KArg::U64(0),
+            ],
             EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
                 return Err(ringccl_tests::Error::msg(
                     "the one-shot and two-shot kernels need every rank: not a single-GPU bench",

@@ -1,6 +1,6 @@
 //! Element types and their arithmetic, shared by the GPU kernels and the host.
 //!
-//! [`Element`] is implemented for the ten types ringccl moves; [`DataType`] names them at run
+//! [`Element`] is implemented for the twelve types ringccl moves; [`DataType`] names them at run
 //! time (each `Element` type's [`Element::DTYPE`]).
 //!
 //! Every reduction step in ringccl combines two elements with one of these functions. The same
@@ -20,6 +20,17 @@
 //!   bfloat16) and covers both exponent ranges, so the double rounding gives the correctly
 //!   rounded result (Figueroa). On sm_90 the GPU uses the native f16/bf16 instructions; on
 //!   sm_80 bf16 is computed the host's way, through `f32`.
+//! * **`F8E4M3`, `F8E5M2`** (fp8): NCCL's arithmetic on sm_90 (`src/device/reduce_kernel.h`):
+//!   both operands widened exactly to binary16, one binary16 sum, product, min or max (as
+//!   above), and the result rounded back to fp8 (nearest, ties to even) with saturation: a
+//!   result beyond the largest finite value (448, 57344), infinity included, becomes that
+//!   value, so an E5M2 infinity entering a reduction leaves it as 57344, and E5M2 min/max give
+//!   57344 where the binary16 step chose an infinity. NaN stays NaN. On sm_90 the conversions
+//!   are the hardware's `cvt` instructions (as in NCCL); on the host and on sm_80 bit
+//!   manipulation that gives the same bits (checked over every value against an independent
+//!   reference below). `div_n` (avg's last step) divides in `f32` and rounds once to fp8, which
+//!   is the correctly rounded quotient (24 >= 2 * 4 + 2 bits); NCCL's own avg multiplies each
+//!   input by fp8(1/n) instead, a different result.
 //! * **min / max** (all float types): a NaN operand is ignored (IEEE `minNum`/`maxNum`); two
 //!   NaNs give NaN; `-0.0` is smaller than `+0.0`. These are exact and written as comparisons,
 //!   so host and GPU agree bit for bit.
@@ -43,7 +54,7 @@
 /// use gpu_kernels::element::{Bf16, Element};
 /// use gpu_kernels::DataType;
 /// assert_eq!(DataType::BF16.size(), 2);
-/// assert_eq!(DataType::ALL.len(), 10);
+/// assert_eq!(DataType::ALL.len(), 12);
 /// assert_eq!(DataType::BF16.name(), "bf16");
 /// assert_eq!(DataType::ALL[DataType::BF16.index()], DataType::BF16);
 /// assert_eq!(Bf16::DTYPE, DataType::BF16);
@@ -70,11 +81,15 @@ pub enum DataType {
     I64,
     /// `u64`
     U64,
+    /// FP8 E4M3 ([`F8E4M3`]; NCCL's `ncclFloat8e4m3`)
+    F8E4M3,
+    /// FP8 E5M2 ([`F8E5M2`]; NCCL's `ncclFloat8e5m2`)
+    F8E5M2,
 }
 
 impl DataType {
     /// Every type, in declaration order ([`DataType::index`] is the position here).
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 12] = [
         DataType::F32,
         DataType::F64,
         DataType::F16,
@@ -85,6 +100,8 @@ impl DataType {
         DataType::U32,
         DataType::I64,
         DataType::U64,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
     ];
 
     /// Size of one element in bytes.
@@ -93,7 +110,7 @@ impl DataType {
             DataType::F32 | DataType::I32 | DataType::U32 => 4,
             DataType::F64 | DataType::I64 | DataType::U64 => 8,
             DataType::F16 | DataType::BF16 => 2,
-            DataType::I8 | DataType::U8 => 1,
+            DataType::I8 | DataType::U8 | DataType::F8E4M3 | DataType::F8E5M2 => 1,
         }
     }
 
@@ -110,6 +127,8 @@ impl DataType {
             DataType::U32 => "u32",
             DataType::I64 => "i64",
             DataType::U64 => "u64",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
         }
     }
 
@@ -119,7 +138,7 @@ impl DataType {
     }
 }
 
-/// An element type the kernels reduce. Sealed: implemented for the ten types ringccl supports.
+/// An element type the kernels reduce. Sealed: implemented for the twelve types ringccl supports.
 ///
 /// ```
 /// use gpu_kernels::element::{Element, F16};
@@ -510,6 +529,341 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
     }
     let round = 0x7fff + ((b >> 16) & 1);
     (b.wrapping_add(round) >> 16) as u16
+}
+
+/// FP8 E4M3 (OCP `E4M3FN`, CUDA's `__nv_fp8_e4m3`, NCCL's `ncclFloat8e4m3`): 1 sign bit,
+/// 4 exponent bits (bias 7), 3 mantissa bits, stored as its bits. No infinities; `S.1111.111`
+/// is NaN; the largest finite value is 448 (`0x7e`), the smallest subnormal 2^-9 (`0x01`).
+///
+/// ```
+/// use gpu_kernels::element::{Element, F8E4M3};
+/// assert_eq!(F8E4M3::from_f32(1.0).to_bits(), 0x38);
+/// assert_eq!(F8E4M3::from_f32(1e9).to_bits(), 0x7e); // saturates at 448
+/// let max = F8E4M3::from_bits(0x7e);
+/// assert_eq!(max.add(max), max); // 896 saturates, as NCCL's sum does
+/// ```
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct F8E4M3(pub u8);
+
+/// FP8 E5M2 (CUDA's `__nv_fp8_e5m2`, NCCL's `ncclFloat8e5m2`): 1 sign bit, 5 exponent bits
+/// (bias 15), 2 mantissa bits, stored as its bits: the top byte of a binary16. `0x7c` is
+/// infinity, `0x7d..=0x7f` NaN; the largest finite value is 57344 (`0x7b`).
+///
+/// ```
+/// use gpu_kernels::element::{Element, F8E5M2};
+/// assert_eq!(F8E5M2::from_f32(1.0).to_bits(), 0x3c);
+/// let inf = F8E5M2::from_bits(0x7c);
+/// // As in NCCL, every result goes back to fp8 with saturation: inf + 1 is the largest finite.
+/// assert_eq!(inf.add(F8E5M2::from_f32(1.0)).to_bits(), 0x7b);
+/// ```
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct F8E5M2(pub u8);
+
+/// Rounds `f32` to an fp8 format with `man_bits` mantissa bits and exponent bias `bias`, to
+/// nearest, ties to even, saturating to the largest finite encoding `max` (infinity included:
+/// CUDA's `__NV_SATFINITE`); NaN gives `0x7f` with the sign. Bit manipulation only.
+#[inline(always)]
+#[cfg_attr(all(target_arch = "nvptx64", ringccl_sm90), allow(dead_code))]
+fn f32_to_fp8_bits(x: f32, man_bits: u32, bias: i32, max: u8) -> u8 {
+    let b = x.to_bits();
+    let sign = ((b >> 24) & 0x80) as u8;
+    let abs = b & 0x7fff_ffff;
+    if abs > 0x7f80_0000 {
+        return sign | 0x7f;
+    }
+    if abs == 0x7f80_0000 {
+        return sign | max;
+    }
+    let exp = (abs >> 23) as i32;
+    if exp == 0 {
+        // f32 subnormals (< 2^-126) are far below half the smallest fp8 subnormal.
+        return sign;
+    }
+    let sig = (abs & 0x7f_ffff) | 0x80_0000; // value = sig * 2^(exp - 150)
+    let e = exp - 127 + bias; // biased fp8 exponent
+                              // Bits of `sig` below the fp8 unit: 23 - man_bits for a normal result, more below.
+    let shift = if e >= 1 {
+        23 - man_bits
+    } else {
+        (23 - man_bits as i32 + 1 - e) as u32
+    };
+    if shift >= 25 {
+        return sign; // below half the smallest subnormal
+    }
+    let half = 1u32 << (shift - 1);
+    let rest = sig & ((1u32 << shift) - 1);
+    let mut r = sig >> shift;
+    if rest > half || (rest == half && (r & 1) == 1) {
+        r += 1;
+    }
+    // Normal: r = 2^man_bits + mantissa (a carry moves into the exponent); subnormal: r is the
+    // encoding (reaching the smallest normal on a carry).
+    let bits = if e >= 1 {
+        (((e - 1) as u32) << man_bits) + r
+    } else {
+        r
+    };
+    if bits > max as u32 {
+        sign | max
+    } else {
+        sign | bits as u8
+    }
+}
+
+/// Exact E4M3 bits to binary16 bits (NaN gives a quiet NaN with the sign).
+#[inline(always)]
+#[cfg_attr(all(target_arch = "nvptx64", ringccl_sm90), allow(dead_code))]
+pub(crate) fn e4m3_bits_to_f16_soft(x: u8) -> u16 {
+    let sign = ((x & 0x80) as u16) << 8;
+    let mag = x & 0x7f;
+    if mag == 0x7f {
+        return sign | 0x7e00;
+    }
+    let (e, m) = ((mag >> 3) as u16, (mag & 7) as u16);
+    if e != 0 {
+        return sign | ((e + 8) << 10) | (m << 7);
+    }
+    if m == 0 {
+        return sign;
+    }
+    // Subnormal: m * 2^-9 with the top set bit of m at position p: a normal binary16.
+    let p = 15 - m.leading_zeros() as u16;
+    sign | ((p + 6) << 10) | ((m << (10 - p)) & 0x3ff)
+}
+
+/// Exact E5M2 bits to binary16 bits: the top byte (a NaN is quieted).
+#[inline(always)]
+#[cfg_attr(all(target_arch = "nvptx64", ringccl_sm90), allow(dead_code))]
+pub(crate) fn e5m2_bits_to_f16_soft(x: u8) -> u16 {
+    let h = (x as u16) << 8;
+    if (h & 0x7fff) > 0x7c00 {
+        h | 0x0200
+    } else {
+        h
+    }
+}
+
+/// How fp8 converts to and from binary16 on each target: sm_90 has the conversion
+/// instructions NCCL's fp8 arithmetic uses (`cvt.rn.f16x2.e4m3x2`,
+/// `cvt.rn.satfinite.e4m3x2.f16x2` and the E5M2 forms); the host and sm_80 use the bit
+/// manipulation above, which gives the same bits (NaN payloads aside).
+mod fp8_cvt {
+    #[cfg(all(target_arch = "nvptx64", ringccl_sm90))]
+    macro_rules! hw {
+        ($to_f16:ident, $from_f16:ident, $from_f32:ident, $fmt:literal) => {
+            #[inline(always)]
+            pub fn $to_f16(x: u8) -> u16 {
+                let r: u32;
+                // SAFETY: a pure register-to-register instruction; no memory is touched.
+                unsafe {
+                    core::arch::asm!(
+                        concat!("cvt.rn.f16x2.", $fmt, "x2 {0}, {1};"),
+                        out(reg32) r, in(reg16) x as u16,
+                        options(pure, nomem, nostack, preserves_flags)
+                    )
+                };
+                r as u16
+            }
+            #[inline(always)]
+            pub fn $from_f32(x: f32) -> u8 {
+                let r: u16;
+                let zero = 0u32;
+                // SAFETY: a pure register-to-register instruction; no memory is touched.
+                // `d = cvt(a) << 8 | cvt(b)`: the low byte is `x`'s.
+                unsafe {
+                    core::arch::asm!(
+                        concat!("cvt.rn.satfinite.", $fmt, "x2.f32 {0}, {1}, {2};"),
+                        out(reg16) r, in(reg32) zero, in(reg32) x.to_bits(),
+                        options(pure, nomem, nostack, preserves_flags)
+                    )
+                };
+                r as u8
+            }
+            #[inline(always)]
+            pub fn $from_f16(h: u16) -> u8 {
+                let r: u16;
+                // SAFETY: a pure register-to-register instruction; no memory is touched.
+                unsafe {
+                    core::arch::asm!(
+                        concat!("cvt.rn.satfinite.", $fmt, "x2.f16x2 {0}, {1};"),
+                        out(reg16) r, in(reg32) h as u32,
+                        options(pure, nomem, nostack, preserves_flags)
+                    )
+                };
+                r as u8
+            }
+        };
+    }
+    #[cfg(all(target_arch = "nvptx64", ringccl_sm90))]
+    hw!(e4m3_to_f16, f16_to_e4m3, f32_to_e4m3, "e4m3");
+    #[cfg(all(target_arch = "nvptx64", ringccl_sm90))]
+    hw!(e5m2_to_f16, f16_to_e5m2, f32_to_e5m2, "e5m2");
+
+    #[cfg(not(all(target_arch = "nvptx64", ringccl_sm90)))]
+    pub(super) use super::{
+        e4m3_bits_to_f16_soft as e4m3_to_f16, e5m2_bits_to_f16_soft as e5m2_to_f16,
+    };
+
+    #[cfg(not(all(target_arch = "nvptx64", ringccl_sm90)))]
+    #[inline(always)]
+    pub fn f32_to_e4m3(x: f32) -> u8 {
+        super::f32_to_fp8_bits(x, 3, 7, 0x7e)
+    }
+    #[cfg(not(all(target_arch = "nvptx64", ringccl_sm90)))]
+    #[inline(always)]
+    pub fn f32_to_e5m2(x: f32) -> u8 {
+        super::f32_to_fp8_bits(x, 2, 15, 0x7b)
+    }
+    #[cfg(not(all(target_arch = "nvptx64", ringccl_sm90)))]
+    #[inline(always)]
+    pub fn f16_to_e4m3(h: u16) -> u8 {
+        f32_to_e4m3(super::F16(h).to_f32())
+    }
+    #[cfg(not(all(target_arch = "nvptx64", ringccl_sm90)))]
+    #[inline(always)]
+    pub fn f16_to_e5m2(h: u16) -> u8 {
+        f32_to_e5m2(super::F16(h).to_f32())
+    }
+}
+
+/// What E4M3 and E5M2 share: conversions and the [`Element`] impl, whose every step is NCCL's
+/// (`src/device/reduce_kernel.h`, sm_90): both operands widened exactly to binary16, one
+/// binary16 operation (`__hadd`, `__hmul`, `__hmin`, `__hmax`: correctly rounded), and the
+/// result rounded back to fp8 to nearest, ties to even, with saturation (`__NV_SATFINITE`: a
+/// result beyond the largest finite value, infinity included, becomes the largest finite one).
+macro_rules! fp8_element {
+    ($($t:ident => $dtype:ident, max: $max:literal, nan: $is_nan:expr, sat: $sat:expr,
+       to_f16: $to:path, from_f16: $from:path, from_f32: $from32:path;)*) => {$(
+        impl $t {
+            /// The largest finite value.
+            pub const MAX: $t = $t($max);
+            /// From raw bits.
+            #[inline(always)]
+            pub const fn from_bits(bits: u8) -> Self {
+                $t(bits)
+            }
+            /// The raw bits.
+            #[inline(always)]
+            pub const fn to_bits(self) -> u8 {
+                self.0
+            }
+            /// Whether the value is a NaN.
+            #[inline(always)]
+            pub fn is_nan(self) -> bool {
+                let f = $is_nan;
+                f(self.0)
+            }
+            /// NCCL's min or max: the binary16 `__hmin`/`__hmax` of the widened operands (NaN
+            /// ignored, `-0 < +0`), rounded back with saturation; exact, so computed on the
+            /// bits: the chosen operand, an E5M2 infinity saturated to the largest finite value.
+            #[inline(always)]
+            fn min_max(a: Self, b: Self, min: bool) -> Self {
+                // An order-preserving key of the sign-magnitude bits (-0 < +0), with a NaN
+                // placed where it never wins: last for min, first for max. Equal keys (the same
+                // bits, or two NaNs) keep `a`.
+                let key = |x: Self| {
+                    let v = u32::from(x.0);
+                    let k = if v & 0x80 != 0 {
+                        0x80 - (v & 0x7f)
+                    } else {
+                        0x81 + v
+                    };
+                    if x.is_nan() {
+                        if min {
+                            0x200
+                        } else {
+                            0
+                        }
+                    } else {
+                        k
+                    }
+                };
+                let (ka, kb) = (key(a), key(b));
+                let chosen = if (min && kb < ka) || (!min && kb > ka) {
+                    b
+                } else {
+                    a
+                };
+                let sat = $sat;
+                $t(sat(chosen.0))
+            }
+            /// Exact widening to binary16 (CUDA's `__nv_cvt_fp8_to_halfraw`).
+            #[inline(always)]
+            pub fn to_f16(self) -> F16 {
+                F16($to(self.0))
+            }
+            /// Rounds binary16 to this format: nearest, ties to even, saturating to
+            /// [`Self::MAX`] (CUDA's `__nv_cvt_halfraw_to_fp8` with `__NV_SATFINITE`).
+            #[inline(always)]
+            pub fn from_f16(h: F16) -> Self {
+                $t($from(h.0))
+            }
+            /// Exact widening to `f32`.
+            #[inline(always)]
+            pub fn to_f32(self) -> f32 {
+                self.to_f16().to_f32()
+            }
+            /// Rounds `f32` to this format: nearest, ties to even, saturating (CUDA's
+            /// `__nv_cvt_float_to_fp8` with `__NV_SATFINITE`).
+            #[inline(always)]
+            pub fn from_f32(x: f32) -> Self {
+                $t($from32(x))
+            }
+        }
+
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            #[inline(always)]
+            fn to_raw(self) -> u64 {
+                self.0 as u64
+            }
+            #[inline(always)]
+            fn from_raw(raw: u64) -> Self {
+                $t(raw as u8)
+            }
+            #[inline(always)]
+            fn add(self, other: Self) -> Self {
+                Self::from_f16(self.to_f16().add(other.to_f16()))
+            }
+            #[inline(always)]
+            fn mul(self, other: Self) -> Self {
+                Self::from_f16(self.to_f16().mul(other.to_f16()))
+            }
+            #[inline(always)]
+            fn min(self, other: Self) -> Self {
+                Self::min_max(self, other, true)
+            }
+            #[inline(always)]
+            fn max(self, other: Self) -> Self {
+                Self::min_max(self, other, false)
+            }
+            #[inline(always)]
+            fn div_n(self, n: u32) -> Self {
+                if n <= 1 {
+                    self
+                } else {
+                    Self::from_f32(self.to_f32() / n as f32)
+                }
+            }
+            #[inline(always)]
+            fn same_result(self, other: Self) -> bool {
+                self.0 == other.0 || (self.is_nan() && other.is_nan())
+            }
+        }
+    )*};
+}
+
+fp8_element! {
+    F8E4M3 => F8E4M3, max: 0x7e, nan: |b: u8| b & 0x7f == 0x7f, sat: |b: u8| b,
+        to_f16: fp8_cvt::e4m3_to_f16, from_f16: fp8_cvt::f16_to_e4m3,
+        from_f32: fp8_cvt::f32_to_e4m3;
+    F8E5M2 => F8E5M2, max: 0x7b, nan: |b: u8| b & 0x7f > 0x7c,
+        sat: |b: u8| if b & 0x7f == 0x7c { b - 1 } else { b },
+        to_f16: fp8_cvt::e5m2_to_f16, from_f16: fp8_cvt::f16_to_e5m2,
+        from_f32: fp8_cvt::f32_to_e5m2;
 }
 
 /// How one f16/bf16 sum or product is computed on each target.
@@ -1213,10 +1567,15 @@ mod tests {
         check::<u32>(DataType::U32);
         check::<i64>(DataType::I64);
         check::<u64>(DataType::U64);
+        check::<F8E4M3>(DataType::F8E4M3);
+        check::<F8E5M2>(DataType::F8E5M2);
         let names: Vec<&str> = DataType::ALL.iter().map(|d| d.name()).collect();
         assert_eq!(
             names,
-            ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "u32", "i64", "u64"]
+            [
+                "f32", "f64", "f16", "bf16", "i8", "u8", "i32", "u32", "i64", "u64", "f8e4m3",
+                "f8e5m2"
+            ]
         );
         for (i, d) in DataType::ALL.into_iter().enumerate() {
             assert_eq!(d.index(), i);
@@ -1463,11 +1822,319 @@ mod tests {
         check(f64_edges());
         check((0..=u16::MAX).map(F16));
         check((0..=u16::MAX).map(Bf16));
+        check((0..=u8::MAX).map(F8E4M3));
+        check((0..=u8::MAX).map(F8E5M2));
         check(int_samples::<i8>(&mut r));
         check(int_samples::<u8>(&mut r));
         check(int_samples::<i32>(&mut r));
         check(int_samples::<u32>(&mut r));
         check(int_samples::<i64>(&mut r));
         check(int_samples::<u64>(&mut r));
+    }
+    // ---- fp8 ----
+
+    /// The value of fp8 bits from the format's definition (`None` for NaN): `man` mantissa
+    /// bits, exponent bias `bias`; `inf_exp` whether the all-ones exponent holds infinity and
+    /// NaN (E5M2) or ordinary values with `S.1111.111` the only NaN (E4M3).
+    fn fp8_value(x: u8, man: u32, bias: i32, ieee: bool) -> Option<f64> {
+        let sign = if x & 0x80 != 0 { -1.0 } else { 1.0 };
+        let exp_bits = 7 - man;
+        let e = i32::from((x & 0x7f) >> man);
+        let m = f64::from(x & ((1 << man) - 1));
+        let all_ones = (1 << exp_bits) - 1;
+        if ieee && e == all_ones {
+            return if m == 0.0 {
+                Some(sign * f64::INFINITY)
+            } else {
+                None
+            };
+        }
+        if !ieee && x & 0x7f == 0x7f {
+            return None;
+        }
+        let scale = 2f64.powi(1 - bias - man as i32);
+        let mag = if e == 0 {
+            m * scale
+        } else {
+            (m + f64::from(1u32 << man)) * 2f64.powi(e - 1) * scale
+        };
+        Some(sign * mag)
+    }
+    fn e4m3_value(x: u8) -> Option<f64> {
+        fp8_value(x, 3, 7, false)
+    }
+    fn e5m2_value(x: u8) -> Option<f64> {
+        fp8_value(x, 2, 15, true)
+    }
+
+    /// The fp8 encoding nearest to `v` among the finite ones, ties to the even encoding, sign
+    /// kept (CUDA's round-to-nearest with `__NV_SATFINITE`), by search over every encoding.
+    /// `None` for NaN.
+    fn fp8_round_ref(v: f64, value: fn(u8) -> Option<f64>) -> Option<u8> {
+        if v.is_nan() {
+            return None;
+        }
+        let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+        let a = v.abs();
+        let finite: Vec<(u8, f64)> = (0u8..0x80)
+            .filter_map(|c| value(c).filter(|x| x.is_finite()).map(|x| (c, x)))
+            .collect();
+        let largest = *finite.last().unwrap();
+        if a >= largest.1 {
+            // Beyond the largest finite value (infinity included): saturate. (A search would
+            // see equal distances once they round in f64.)
+            return Some(sign | largest.0);
+        }
+        let mut best = finite[0];
+        for &(c, x) in &finite[1..] {
+            let (d, db) = ((x - a).abs(), (best.1 - a).abs());
+            if d < db || (d == db && c & 1 == 0) {
+                best = (c, x);
+            }
+        }
+        Some(sign | best.0)
+    }
+
+    /// NCCL's fp8 step by an independent route: exact values in f64, the binary16 operation
+    /// rounded by the `half` crate, then the nearest finite fp8 by search.
+    fn fp8_step_ref(a: u8, b: u8, op: usize, value: fn(u8) -> Option<f64>) -> Option<u8> {
+        let (va, vb) = (value(a)?, value(b)?);
+        let h = match op {
+            0 => f16::from_f64(va + vb), // exact in f64: both have <= 4 bits, exponents in range
+            1 => f16::from_f64(va * vb),
+            _ => unreachable!(),
+        };
+        fp8_round_ref(h.to_f64(), value)
+    }
+
+    /// min/max reference: NaN ignored, -0 < +0, the chosen value back through the saturating
+    /// conversion (an E5M2 infinity becomes the largest finite value, as in NCCL).
+    fn fp8_minmax_ref(a: u8, b: u8, min: bool, value: fn(u8) -> Option<f64>) -> Option<u8> {
+        let chosen = match (value(a), value(b)) {
+            (None, None) => return None,
+            (None, Some(_)) => b,
+            (Some(_), None) => a,
+            (Some(x), Some(y)) => {
+                let a_first = x.total_cmp(&y).is_le();
+                if a_first == min {
+                    a
+                } else {
+                    b
+                }
+            }
+        };
+        fp8_round_ref(value(chosen).unwrap(), value)
+    }
+
+    fn check_fp8_exhaustive<T: Element + core::fmt::Debug>(value: fn(u8) -> Option<f64>) {
+        let to = |r: Option<u8>| r.map_or(T::from_raw(0x7f), |b| T::from_raw(u64::from(b)));
+        for a in 0..=255u8 {
+            for b in 0..=255u8 {
+                let (x, y) = (T::from_raw(a.into()), T::from_raw(b.into()));
+                for (got, want, what) in [
+                    (x.add(y), fp8_step_ref(a, b, 0, value), "+"),
+                    (x.mul(y), fp8_step_ref(a, b, 1, value), "*"),
+                    (x.min(y), fp8_minmax_ref(a, b, true, value), "min"),
+                    (x.max(y), fp8_minmax_ref(a, b, false, value), "max"),
+                ] {
+                    assert!(
+                        got.same_result(to(want)),
+                        "{} {a:#04x} {what} {b:#04x} = {got:?}, want {want:?}",
+                        T::NAME
+                    );
+                    // NaN results are NaN, and nothing else is.
+                    assert_eq!(
+                        want.is_none(),
+                        got.same_result(T::from_raw(0x7f)) && value(got.to_raw() as u8).is_none()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_e4m3_steps_exhaustive() {
+        check_fp8_exhaustive::<F8E4M3>(e4m3_value);
+    }
+
+    #[test]
+    fn fp8_e5m2_steps_exhaustive() {
+        check_fp8_exhaustive::<F8E5M2>(e5m2_value);
+    }
+
+    #[test]
+    fn fp8_conversions_exhaustive() {
+        for x in 0..=255u8 {
+            // To binary16 and f32: exact.
+            for (h, v) in [
+                (F8E4M3(x).to_f16(), e4m3_value(x)),
+                (F8E5M2(x).to_f16(), e5m2_value(x)),
+            ] {
+                match v {
+                    None => assert!(f16::from_bits(h.0).is_nan(), "{x:#04x}"),
+                    Some(v) => {
+                        assert_eq!(
+                            f16::from_bits(h.0).to_f64().to_bits(),
+                            v.to_bits(),
+                            "{x:#04x}"
+                        )
+                    }
+                }
+            }
+            assert_eq!(
+                F8E4M3(x).to_f32().to_bits(),
+                F8E4M3(x).to_f16().to_f32().to_bits()
+            );
+            // Round trips.
+            let back = F8E4M3::from_f16(F8E4M3(x).to_f16());
+            assert!(back.same_result(F8E4M3(x)), "{x:#04x}");
+            let back = F8E5M2::from_f16(F8E5M2(x).to_f16());
+            let want = if x & 0x7f == 0x7c { x - 1 } else { x }; // inf saturates
+            assert!(back.same_result(F8E5M2(want)), "{x:#04x} -> {back:?}");
+        }
+        // From every binary16 value, against the search.
+        for h in 0..=u16::MAX {
+            let v = f16::from_bits(h).to_f64();
+            let got = F8E4M3::from_f16(F16(h));
+            let want = fp8_round_ref(v, e4m3_value).map_or(F8E4M3(0x7f), F8E4M3);
+            assert!(
+                got.same_result(want),
+                "e4m3 of f16 {h:#06x}: {got:?}, want {want:?}"
+            );
+            let got = F8E5M2::from_f16(F16(h));
+            let want = fp8_round_ref(v, e5m2_value).map_or(F8E5M2(0x7f), F8E5M2);
+            assert!(
+                got.same_result(want),
+                "e5m2 of f16 {h:#06x}: {got:?}, want {want:?}"
+            );
+        }
+        // From f32: every tie and its neighbours, and random patterns.
+        let mut r = rng(9);
+        let mut xs: Vec<f32> = (0..200_000).map(|_| f32::from_bits(r.random())).collect();
+        for c in 0u8..0x7f {
+            for (value, man) in [(e4m3_value as fn(u8) -> Option<f64>, 3u32), (e5m2_value, 2)] {
+                if let (Some(lo), Some(hi)) = (value(c), value(c + 1)) {
+                    if hi.is_finite() {
+                        let mid = ((lo + hi) / 2.0) as f32;
+                        xs.extend([mid, mid.next_up(), mid.next_down(), -mid, lo as f32]);
+                    }
+                }
+                let _ = man;
+            }
+        }
+        xs.extend(f32_edges());
+        for x in xs {
+            let got = F8E4M3::from_f32(x);
+            let want = fp8_round_ref(f64::from(x), e4m3_value).map_or(F8E4M3(0x7f), F8E4M3);
+            assert!(
+                got.same_result(want),
+                "e4m3 of {:#010x}: {got:?}, want {want:?}",
+                x.to_bits()
+            );
+            let got = F8E5M2::from_f32(x);
+            let want = fp8_round_ref(f64::from(x), e5m2_value).map_or(F8E5M2(0x7f), F8E5M2);
+            assert!(
+                got.same_result(want),
+                "e5m2 of {:#010x}: {got:?}, want {want:?}",
+                x.to_bits()
+            );
+        }
+    }
+
+    #[test]
+    fn fp8_edge_values_by_hand() {
+        let e4 = |x: f32| F8E4M3::from_f32(x).to_bits();
+        let e5 = |x: f32| F8E5M2::from_f32(x).to_bits();
+        assert_eq!(
+            (e4(448.0), e4(464.0), e4(464.1), e4(f32::INFINITY)),
+            (0x7e, 0x7e, 0x7e, 0x7e)
+        );
+        assert_eq!((e4(-448.0), e4(f32::NEG_INFINITY)), (0xfe, 0xfe));
+        assert_eq!(
+            (
+                e4(2f32.powi(-9)),
+                e4(2f32.powi(-10)),
+                e4(1.5 * 2f32.powi(-10))
+            ),
+            (0x01, 0x00, 0x01)
+        );
+        assert_eq!(
+            (
+                e4(-2f32.powi(-11)),
+                e4(0.875 * 2f32.powi(-6)),
+                e4(2f32.powi(-6))
+            ),
+            (0x80, 0x07, 0x08)
+        );
+        assert_eq!(
+            (e4(1.0), e4(1.0625), e4(1.1875), e4(17.0)),
+            (0x38, 0x38, 0x3a, 0x58)
+        );
+        assert_eq!(e4(f32::NAN) & 0x7f, 0x7f);
+        assert_eq!(
+            (e5(57344.0), e5(61439.0), e5(61440.0), e5(1e30)),
+            (0x7b, 0x7b, 0x7b, 0x7b)
+        );
+        assert_eq!(
+            (e5(f32::INFINITY), e5(2f32.powi(-16)), e5(2f32.powi(-17))),
+            (0x7b, 0x01, 0x00)
+        );
+        assert_eq!(
+            (e5(1.0), e5(1.125), e5(1.375), e5(-2.0)),
+            (0x3c, 0x3c, 0x3e, 0xc0)
+        );
+        assert!(F8E5M2(e5(f32::NAN)).is_nan() && !F8E5M2(0x7c).is_nan() && F8E5M2(0xfd).is_nan());
+        assert!(F8E4M3(0xff).is_nan() && !F8E4M3(0x7e).is_nan() && !F8E4M3(0x78).is_nan());
+        // Steps (NCCL's semantics).
+        let (a4, a5) = (
+            |a: u8, b: u8| F8E4M3(a).add(F8E4M3(b)).0,
+            |a: u8, b: u8| F8E5M2(a).add(F8E5M2(b)).0,
+        );
+        assert_eq!(a4(0x7e, 0x7e), 0x7e); // 448 + 448 saturates
+        assert_eq!(a4(0x7e, 0xfe), 0x00); // 448 - 448 = +0
+        assert_eq!(a4(0x01, 0x01), 0x02); // subnormals add exactly
+        assert_eq!(a4(0x38, 0x18), 0x38); // 1 + 1/16: tie, to even
+        assert_eq!(a4(0x39, 0x18), 0x3a); // 1.125 + 1/16: tie, to even (up)
+        assert!(F8E4M3(a4(0x7f, 0x38)).is_nan());
+        assert_eq!(a5(0x7c, 0x3c), 0x7b); // inf + 1 -> largest finite
+        assert_eq!(a5(0x7b, 0x7b), 0x7b); // overflows binary16, saturates
+        assert!(F8E5M2(a5(0x7c, 0xfc)).is_nan()); // inf - inf
+        assert_eq!(F8E4M3(0x7e).mul(F8E4M3(0x7e)).0, 0x7e);
+        assert_eq!(F8E4M3(0x01).mul(F8E4M3(0x30)).0, 0x00); // 2^-9 * 0.5: tie, to even (zero)
+        assert_eq!(F8E4M3(0x81).mul(F8E4M3(0x01)).0, 0x80); // underflow keeps the sign
+        assert_eq!(F8E5M2(0x7c).max(F8E5M2(0x3c)).0, 0x7b); // max(inf, 1) saturates
+        assert_eq!(F8E5M2(0x7c).min(F8E5M2(0x3c)).0, 0x3c);
+        assert_eq!(F8E4M3(0x7f).min(F8E4M3(0xb8)).0, 0xb8); // NaN ignored
+        assert_eq!(F8E4M3(0x80).max(F8E4M3(0x00)).0, 0x00);
+        assert_eq!(F8E4M3(0x38).div_n(3).0, F8E4M3::from_f32(1.0 / 3.0).0);
+        assert_eq!(
+            (F8E4M3(0x7f).div_n(0).0, F8E5M2(0x7c).div_n(1).0),
+            (0x7f, 0x7c)
+        );
+    }
+
+    #[test]
+    fn fp8_div_n_is_the_correctly_rounded_quotient() {
+        for &n in DIV_NS {
+            for x in 0..=255u8 {
+                if n <= 1 {
+                    continue;
+                }
+                for (got, v, value) in [
+                    (
+                        F8E4M3(x).div_n(n).0,
+                        e4m3_value(x),
+                        e4m3_value as fn(u8) -> Option<f64>,
+                    ),
+                    (F8E5M2(x).div_n(n).0, e5m2_value(x), e5m2_value),
+                ] {
+                    let want = v.and_then(|v| fp8_round_ref(v / f64::from(n), value));
+                    match want {
+                        None => assert!(value(got).is_none(), "{x:#04x} / {n}"),
+                        Some(w) => assert_eq!(got, w, "{x:#04x} / {n}"),
+                    }
+                }
+            }
+        }
     }
 }

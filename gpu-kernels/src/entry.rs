@@ -6,11 +6,12 @@
 //! names and shapes for the host and the build driver (`cargo xtask build-ptx` checks that the
 //! PTX holds exactly these names).
 //!
-//! Every entry point is named `ringccl_{kind}_{type}` (copies) or `ringccl_{kind}_{op}_{type}`
-//! ([`EntryKind::name`], [`RedOp::name`], [`DataType::name`]). The table lists the copies (one
-//! per type), then each reduction kind (one per type and operator), types in [`DataType::ALL`]
-//! order and operators in [`RedOp::ALL`] order, so [`entry_index`] is arithmetic; the build
-//! fails if a row is not at its index.
+//! Every entry point is named `ringccl_{kind}_{type}` (copies, scales) or
+//! `ringccl_{kind}_{op}_{type}` ([`EntryKind::name`], [`RedOp::name`], [`DataType::name`]). The
+//! table lists the copies (one per type), then each reduction kind (one per type and operator),
+//! then the scales (one per type), types in [`DataType::ALL`] order and operators in
+//! [`RedOp::ALL`] order, so [`entry_index`] is arithmetic; the build fails if a row is not at
+//! its index.
 //!
 //! Parameters, in order (pointers are device addresses, `u64`):
 //! * [`EntryKind::Copy`]: `src, dst0, dst1 (0 = none), count: u64`
@@ -29,23 +30,27 @@
 //!   copied to its `s{rank}`, and its output, to which `d{rank}` is copied at the end: ranks in
 //!   other processes)`, what: u32, root: u32` (ignored: always the all-reduce); every rank
 //!   launches the same number of blocks, at most
-//!   [`MAX_TWO_SHOT_BLOCKS`](crate::oneshot::MAX_TWO_SHOT_BLOCKS) (see
-//!   [`crate::oneshot::two_shot_slice`]).
+//!   [`MAX_TWO_SHOT_BLOCKS`](crate::twoshot::MAX_TWO_SHOT_BLOCKS) (see
+//!   [`crate::twoshot::two_shot_slice`]).
 //! * [`EntryKind::TwoShotColl`]: the same parameters; `what` and `root` choose the collective
 //!   run on the two-shot barriers: reduce-scatter, all-gather, all-to-all, broadcast or reduce
-//!   (see [`crate::oneshot::what`]).
+//!   (see [`crate::twoshot::what`]).
+//!
+//! * [`EntryKind::Scale`]: `src, dst, count: u64, imm_bits: u64, scalar_ptr` (`dst[i] =
+//!   src[i] * scalar`; the scalar is `*scalar_ptr`, read by the kernel, or when `scalar_ptr` is
+//!   0 the low `8 * size` bits of `imm_bits`; `dst == src` allowed), any grid.
 //!
 //! One kernel has no element type and is not in the table: the bounded wait
-//! [`WAIT_ENTRY`](crate::oneshot::WAIT_ENTRY).
+//! [`WAIT_ENTRY`](crate::ctl::WAIT_ENTRY).
 //!
 //! `postdiv` is the rank count in the step that writes an `avg` result, else 1.
 //!
 //! [`MAX_SRCS`]: crate::prim::MAX_SRCS
-//! [`MAX_RANKS`]: crate::oneshot::MAX_RANKS
+//! [`MAX_RANKS`]: crate::ctl::MAX_RANKS
 //! [`DataType::ALL`]: crate::element::DataType::ALL
 //! [`DataType::name`]: crate::element::DataType::name
 
-use crate::element::{Bf16, F16};
+use crate::element::{Bf16, F16, F8E4M3, F8E5M2};
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::{element::DataType, op::RedOp};
 
@@ -71,24 +76,29 @@ pub enum EntryKind {
     OneShot,
     /// A whole all-reduce in one kernel per rank of many blocks: each rank folds its shard of
     /// every rank's input and writes it into every rank's output, block by block, with a
-    /// device-side barrier per block (see [`crate::oneshot::two_shot_slice`]).
+    /// device-side barrier per block (see [`crate::twoshot::two_shot_slice`]).
     TwoShot,
     /// The two-shot kernel's barriers and staging for the other collectives: reduce-scatter,
-    /// all-gather, all-to-all, broadcast and reduce ([`crate::oneshot::what`]). Entry points
+    /// all-gather, all-to-all, broadcast and reduce ([`crate::twoshot::what`]). Entry points
     /// of their own, so that the all-reduce's keep its registers.
     TwoShotColl,
+    /// `dst[i] = src[i] * scalar` ([`crate::prim::scale`]): NCCL's PreMulSum
+    /// pre-multiplication. No operator; the last rows of the table.
+    Scale,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl EntryKind {
-    /// Every kind, in table order: the copy (no operator), then the reductions.
-    pub const ALL: [EntryKind; 6] = [
+    /// Every kind, in table order: the copy (no operator), the reductions, then the scale (no
+    /// operator).
+    pub const ALL: [EntryKind; 7] = [
         EntryKind::Copy,
         EntryKind::Reduce,
         EntryKind::ReduceCopy,
         EntryKind::OneShot,
         EntryKind::TwoShot,
         EntryKind::TwoShotColl,
+        EntryKind::Scale,
     ];
 
     /// The name used in kernel entry points.
@@ -100,6 +110,7 @@ impl EntryKind {
             EntryKind::OneShot => "oneshot",
             EntryKind::TwoShot => "twoshot",
             EntryKind::TwoShotColl => "twoshot_coll",
+            EntryKind::Scale => "scale",
         }
     }
 }
@@ -147,11 +158,14 @@ impl EntryPoint {
 const TYPES: usize = DataType::ALL.len();
 #[cfg(not(target_arch = "nvptx64"))]
 const OPS: usize = RedOp::ALL.len();
-/// Kinds with an operator: every kind but the copy.
+/// Kinds with an operator: every kind but the copy and the scale.
 #[cfg(not(target_arch = "nvptx64"))]
-const REDUCTIONS: usize = EntryKind::ALL.len() - 1;
+const REDUCTIONS: usize = EntryKind::ALL.len() - 2;
+/// Where the scale rows start: after the copies and the reductions.
 #[cfg(not(target_arch = "nvptx64"))]
-const COUNT: usize = TYPES * (1 + REDUCTIONS * OPS);
+const SCALES: usize = TYPES * (1 + REDUCTIONS * OPS);
+#[cfg(not(target_arch = "nvptx64"))]
+const COUNT: usize = SCALES + TYPES;
 
 /// The index in [`ENTRY_POINTS`] of the entry point for a primitive, element type and operator;
 /// `None` for a copy with an operator or a reduction without one. Constant time.
@@ -168,8 +182,9 @@ const COUNT: usize = TYPES * (1 + REDUCTIONS * OPS);
 pub const fn entry_index(kind: EntryKind, dtype: DataType, op: Option<RedOp>) -> Option<usize> {
     match (kind, op) {
         (EntryKind::Copy, None) => Some(dtype.index()),
-        (EntryKind::Copy, Some(_)) | (_, None) => None,
-        // The reductions are `ALL[1..]`.
+        (EntryKind::Scale, None) => Some(SCALES + dtype.index()),
+        (EntryKind::Copy | EntryKind::Scale, Some(_)) | (_, None) => None,
+        // The reductions are `ALL[1..6]`.
         (kind, Some(op)) => {
             Some(TYPES + ((kind as usize - 1) * TYPES + dtype.index()) * OPS + op.index())
         }
@@ -196,18 +211,22 @@ pub const fn find_entry(
     }
 }
 
-/// [`ENTRY_POINTS`] from the rows `entry_points!` writes: the copies, then `[kind][type][op]`.
+/// [`ENTRY_POINTS`] from the rows `entry_points!` writes: the copies, then `[kind][type][op]`,
+/// then the scales.
 /// Fails the build if a row is not at its [`entry_index`] (a list out of `ALL` order).
 #[cfg(not(target_arch = "nvptx64"))]
 const fn table(
     copies: [EntryPoint; TYPES],
     reductions: [[[EntryPoint; OPS]; TYPES]; REDUCTIONS],
+    scales: [EntryPoint; TYPES],
 ) -> [EntryPoint; COUNT] {
     let mut out = [copies[0]; COUNT];
     let mut i = 0;
     while i < COUNT {
         let e = if i < TYPES {
             copies[i]
+        } else if i >= SCALES {
+            scales[i - SCALES]
         } else {
             let r = i - TYPES;
             reductions[r / (TYPES * OPS)][r / OPS % TYPES][r % OPS]
@@ -231,22 +250,25 @@ macro_rules! entry_points {
         types: $types:tt,
         ops: $ops:tt,
         copy: $copy:ident => $copy_name:literal,
-        reductions: [$($kind:ident => $kind_name:literal),* $(,)?] $(,)?
+        reductions: [$($kind:ident => $kind_name:literal),* $(,)?],
+        scale: $scale:ident => $scale_name:literal $(,)?
     ) => {
         #[cfg(target_arch = "nvptx64")]
         entry_points!(@copy_kernels $copy $copy_name $types);
+        #[cfg(target_arch = "nvptx64")]
+        entry_points!(@copy_kernels $scale $scale_name $types);
         $(
             #[cfg(target_arch = "nvptx64")]
             entry_points!(@kernels $kind $kind_name $types $ops);
         )*
 
-        /// Every entry point in the PTX: the copies, then the reductions (see the module docs
-        /// for the order); [`entry_index`] finds one in constant time.
+        /// Every entry point in the PTX: the copies, the reductions, then the scales (see the
+        /// module docs for the order); [`entry_index`] finds one in constant time.
         ///
         /// ```
         /// use gpu_kernels::{entry::find_entry, DataType, EntryKind, ENTRY_POINTS};
         /// use gpu_kernels::op::RedOp;
-        /// assert_eq!(ENTRY_POINTS.len(), 260);
+        /// assert_eq!(ENTRY_POINTS.len(), 324);
         /// let e = find_entry(EntryKind::ReduceCopy, DataType::BF16, Some(RedOp::Sum)).unwrap();
         /// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
         /// ```
@@ -254,6 +276,7 @@ macro_rules! entry_points {
         pub const ENTRY_POINTS: &[EntryPoint] = &table(
             entry_points!(@copy_rows $copy $copy_name $types),
             [$(entry_points!(@rows $kind $kind_name $types $ops)),*],
+            entry_points!(@copy_rows $scale $scale_name $types),
         );
     };
 
@@ -314,6 +337,8 @@ entry_points! {
         u32 => "u32",
         i64 => "i64",
         u64 => "u64",
+        F8E4M3 => "f8e4m3",
+        F8E5M2 => "f8e5m2",
     ],
     // Operators (in `RedOp::ALL` order).
     ops: [Sum => "sum", Prod => "prod", Min => "min", Max => "max", Avg => "avg"],
@@ -327,4 +352,6 @@ entry_points! {
         TwoShot => "twoshot",
         TwoShotColl => "twoshot_coll",
     ],
+    // The other primitive without an operator: one entry point per type.
+    scale: Scale => "scale",
 }

@@ -1,6 +1,6 @@
 //! The shapes of the `extern "ptx-kernel"` entry points (nvptx64 only): one per [`EntryKind`]
 //! variant, each a thin shell that computes the thread's grid position and calls
-//! [`crate::prim`] or [`crate::oneshot`]. The list of entry points, which instantiates these
+//! [`crate::prim`], [`crate::oneshot`] or [`crate::twoshot`]. The list of entry points, which instantiates these
 //! shapes per type (and operator), is in `crate::entry`.
 //!
 //! [`EntryKind`]: crate::entry::EntryKind
@@ -50,6 +50,40 @@ macro_rules! kernel {
                         dst1,
                         count as usize,
                         1,
+                    )
+                }
+            }
+        };
+    };
+    (Scale, $name:expr, $t:ty) => {
+        const _: () = {
+            /// `dst[i] = src[i] * scalar` for `i < count`, the scalar `*scalar_ptr` or, when
+            /// `scalar_ptr` is null, the low bits of `imm_bits` (see `crate::prim::scale`).
+            ///
+            /// # Safety
+            /// Device pointers valid for `count` elements (`dst` equal to `src` or not
+            /// overlapping it); `scalar_ptr` null or one readable element.
+            #[export_name = $name]
+            pub unsafe extern "ptx-kernel" fn kernel(
+                src: *const $t,
+                dst: *mut $t,
+                count: u64,
+                imm_bits: u64,
+                scalar_ptr: *const $t,
+            ) {
+                // SAFETY: forwarded from the kernel's contract.
+                unsafe {
+                    let scalar = if scalar_ptr.is_null() {
+                        <$t as crate::element::Element>::from_raw(imm_bits)
+                    } else {
+                        *scalar_ptr
+                    };
+                    crate::prim::scale::<$t>(
+                        crate::kernels::grid(),
+                        src,
+                        dst,
+                        count as usize,
+                        scalar,
                     )
                 }
             }
@@ -196,10 +230,10 @@ macro_rules! kernel {
         const _: () = {
             /// Two-shot all-reduce of `count` elements over `nsrc ≤ MAX_RANKS` ranks (`what`
             /// and `root` ignored), or (`twoshot_coll`) another collective on the same barriers
-            /// (`what`, `root`; see `crate::oneshot::two_shot`), one slice per block.
+            /// (`what`, `root`; see `crate::twoshot::two_shot`), one slice per block.
             ///
             /// # Safety
-            /// See `crate::oneshot::two_shot`.
+            /// See `crate::twoshot::two_shot`.
             #[export_name = $name]
             #[allow(clippy::too_many_arguments)]
             pub unsafe extern "ptx-kernel" fn kernel(
@@ -239,13 +273,13 @@ macro_rules! kernel {
                 what: u32,
                 root: u32,
             ) {
-                use crate::oneshot::MAX_RANKS;
+                use crate::ctl::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
                 let dsts: [*mut $t; MAX_RANKS] = [d0, d1, d2, d3, d4, d5, d6, d7];
                 let flags: [*mut u64; MAX_RANKS] = [f0, f1, f2, f3, f4, f5, f6, f7];
                 // SAFETY: forwarded from the kernel's contract.
                 unsafe {
-                    crate::oneshot::two_shot::<$t, $op, $all_reduce>(
+                    crate::twoshot::two_shot::<$t, $op, $all_reduce>(
                         srcs,
                         nsrc as usize,
                         dsts,
@@ -267,9 +301,9 @@ macro_rules! kernel {
 
 pub(crate) use kernel;
 
-/// `ringccl_wait_geq` ([`crate::oneshot::WAIT_ENTRY`]): thread 0 waits until `*flag >= value`,
+/// `ringccl_wait_geq` ([`crate::ctl::WAIT_ENTRY`]): thread 0 waits until `*flag >= value`,
 /// or gives up on the control block's abort word or after `timeout_ns` (0: never), writing its
-/// status in `ctl` (see [`crate::oneshot`]).
+/// status in `ctl` (see [`crate::ctl`]).
 ///
 /// # Safety
 /// `flag` a valid `u64` and `ctl` a control block, both accessible from this GPU.
@@ -283,5 +317,5 @@ pub unsafe extern "ptx-kernel" fn wait_geq(
     peer: u32,
 ) {
     // SAFETY: forwarded from the kernel's contract.
-    unsafe { crate::oneshot::wait_geq(flag, value, ctl, timeout_ns, slot, peer) }
+    unsafe { crate::ctl::wait_geq(flag, value, ctl, timeout_ns, slot, peer) }
 }

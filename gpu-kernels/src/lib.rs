@@ -1,13 +1,17 @@
 //! ringccl's GPU kernels, written in `#![no_std]` Rust and compiled to PTX.
 //!
 //! Layers, bottom up:
-//! * [`element`]: the ten element types ([`DataType`] names them at run time) and the
+//! * [`element`]: the twelve element types ([`DataType`] names them at run time) and the
 //!   arithmetic of one reduction step, shared with the host so the CPU computes the exact bits
 //!   a GPU step produces;
 //! * [`op`]: the reduction operators (sum, prod, min, max, avg);
 //! * [`prim`]: NCCL's primitives (copy, reduce, reduce-copy) as one generic function;
+//! * [`ctl`]: what every cross-process kernel shares: the flag arrays and their barrier, the
+//!   control block every wait watches, and the bounded wait kernel;
 //! * [`oneshot`]: the one-shot all-reduce for small messages (one block per rank, a device-side
 //!   barrier over flags instead of host events);
+//! * [`twoshot`]: the two-shot all-reduce for mid sizes (many blocks per rank, a barrier per
+//!   block) and the other collectives on its barriers;
 //! * [`entry`]: the one list of `extern "ptx-kernel"` entry points, one per primitive × type
 //!   (× operator). On nvptx64 it expands into the kernels (their shapes are in `kernels`), on
 //!   the host into [`ENTRY_POINTS`], their names and signatures, with [`entry::entry_index`]
@@ -36,11 +40,13 @@
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod artifacts;
+pub mod ctl;
 pub mod element;
 pub mod entry;
 pub mod oneshot;
 pub mod op;
 pub mod prim;
+pub mod twoshot;
 
 #[cfg(target_arch = "nvptx64")]
 mod kernels;

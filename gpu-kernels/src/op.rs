@@ -259,6 +259,8 @@ mod tests {
         check_type::<u32>(&mut r);
         check_type::<i64>(&mut r);
         check_type::<u64>(&mut r);
+        check_type::<crate::element::F8E4M3>(&mut r);
+        check_type::<crate::element::F8E5M2>(&mut r);
     }
 
     #[test]

@@ -314,6 +314,77 @@ unsafe fn vectors<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
     }
 }
 
+/// `dst[i] = src[i] * scalar` ([`Element::mul`]) for every `i < count` this thread owns:
+/// NCCL's PreMulSum pre-multiplication (`FuncPreMulSum`'s `preOp` in
+/// `src/device/reduce_kernel.h`), which for every type is that type's product: wrapping for
+/// integers, IEEE for `f32`/`f64`, one correctly rounded `__hmul` for f16/bf16, and for fp8 the
+/// binary16 product rounded back with saturation. Grid-stride; 16-byte vectors when `src` and
+/// `dst` have the same offset modulo 16 bytes. `dst == src` (in place) is allowed.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `count` elements of `T`, each aligned to `T`; they
+/// are equal or do not overlap; every thread of the grid calls this with the same arguments.
+///
+/// ```
+/// use gpu_kernels::prim::{scale, Grid};
+/// let src = [1.5f32, -2.0, 3.0];
+/// let mut dst = [0.0f32; 3];
+/// unsafe { scale(Grid { thread: 0, threads: 1 }, src.as_ptr(), dst.as_mut_ptr(), 3, 0.5) };
+/// assert_eq!(dst, [0.75, -1.0, 1.5]);
+/// ```
+#[inline(always)]
+pub unsafe fn scale<T: Element>(grid: Grid, src: *const T, dst: *mut T, count: usize, scalar: T) {
+    let misalign = dst as usize % VECTOR_BYTES;
+    let one = |i: usize| {
+        // SAFETY: i < count; see this function's contract.
+        unsafe { *dst.add(i) = (*src.add(i)).mul(scalar) }
+    };
+    let scalar_range = |begin: usize, end: usize| {
+        let mut i = begin + grid.thread;
+        while i < end {
+            one(i);
+            i += grid.threads;
+        }
+    };
+    if src as usize % VECTOR_BYTES != misalign {
+        scalar_range(0, count);
+        return;
+    }
+    let lanes = VECTOR_BYTES / T::SIZE;
+    let head = ((VECTOR_BYTES - misalign) % VECTOR_BYTES) / T::SIZE;
+    let head = if head > count { count } else { head };
+    let nvec = (count - head) / lanes;
+    let tail = head + nvec * lanes;
+    scalar_range(0, head);
+    let s = src.wrapping_add(head) as *const Pack;
+    let d = dst.wrapping_add(head) as *mut Pack;
+    let mul_pack = |p: &Pack| {
+        let mut out = Pack([0; 2]);
+        for_each_lane::<T>(|j| set_lane(&mut out, j, lane::<T>(p, j).mul(scalar)));
+        out
+    };
+    let step = grid.threads;
+    let mut v = grid.thread;
+    // SAFETY (both loops): v + u * step < nvec, so every access is inside the vector range.
+    while v + (UNROLL - 1) * step < nvec {
+        let mut acc = [Pack([0; 2]); UNROLL];
+        unrolled::<UNROLL>(UNROLL, |u| {
+            acc[u] = unsafe { load_pack(s.add(v + u * step)) }
+        });
+        unrolled::<UNROLL>(UNROLL, |u| {
+            let out = mul_pack(&acc[u]);
+            unsafe { store_pack(d.add(v + u * step), out) }
+        });
+        v += UNROLL * step;
+    }
+    while v < nvec {
+        let out = mul_pack(&unsafe { load_pack(s.add(v)) });
+        unsafe { store_pack(d.add(v), out) };
+        v += step;
+    }
+    scalar_range(tail, count);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +438,8 @@ mod tests {
         check_lanes::<u32>();
         check_lanes::<i64>();
         check_lanes::<u64>();
+        check_lanes::<crate::element::F8E4M3>();
+        check_lanes::<crate::element::F8E5M2>();
     }
 
     #[test]

@@ -16,13 +16,14 @@ const REDUCTIONS: [EntryKind; 5] = [
 
 #[test]
 fn names_are_unique_and_systematic() {
-    // 10 copies + 10 types x 5 ops x 5 kinds.
-    assert_eq!(ENTRY_POINTS.len(), 10 + 10 * 5 * 5);
+    // 12 copies + 12 types x 5 ops x 5 kinds + 12 scales.
+    assert_eq!(ENTRY_POINTS.len(), 12 + 12 * 5 * 5 + 12);
     let names: HashSet<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
     assert_eq!(names.len(), ENTRY_POINTS.len(), "duplicate names");
     for e in ENTRY_POINTS {
         let want = match (e.kind, e.op) {
             (EntryKind::Copy, None) => format!("ringccl_copy_{}", e.dtype.name()),
+            (EntryKind::Scale, None) => format!("ringccl_scale_{}", e.dtype.name()),
             (EntryKind::Reduce, Some(op)) => {
                 format!("ringccl_reduce_{}_{}", op.name(), e.dtype.name())
             }
@@ -51,7 +52,8 @@ fn names_are_unique_and_systematic() {
             "reduce_copy",
             "oneshot",
             "twoshot",
-            "twoshot_coll"
+            "twoshot_coll",
+            "scale"
         ]
     );
 }
@@ -69,19 +71,26 @@ fn layout_copies_then_kind_type_op() {
             }
         }
     }
+    for dtype in DataType::ALL {
+        want.push((EntryKind::Scale, dtype, None));
+    }
     let got: Vec<_> = ENTRY_POINTS
         .iter()
         .map(|e| (e.kind, e.dtype, e.op))
         .collect();
     assert_eq!(got, want);
-    assert_eq!(EntryKind::ALL[1..], REDUCTIONS);
-    // The one-shot, two-shot and other collectives' two-shot entries are the table's last 150
-    // rows (appended after the ring primitives, in that order).
+    assert_eq!(EntryKind::ALL[1..6], REDUCTIONS);
+    assert_eq!(EntryKind::ALL[6], EntryKind::Scale);
+    // Before the 12 scales: the one-shot, two-shot and other collectives' two-shot entries,
+    // 60 each (appended after the ring primitives, in that order).
     let last =
         |from: usize, to: usize| &ENTRY_POINTS[ENTRY_POINTS.len() - from..ENTRY_POINTS.len() - to];
-    assert!(last(150, 100).iter().all(|e| e.kind == EntryKind::OneShot));
-    assert!(last(100, 50).iter().all(|e| e.kind == EntryKind::TwoShot));
-    assert!(last(50, 0).iter().all(|e| e.kind == EntryKind::TwoShotColl));
+    assert!(last(192, 132).iter().all(|e| e.kind == EntryKind::OneShot));
+    assert!(last(132, 72).iter().all(|e| e.kind == EntryKind::TwoShot));
+    assert!(last(72, 12)
+        .iter()
+        .all(|e| e.kind == EntryKind::TwoShotColl));
+    assert!(last(12, 0).iter().all(|e| e.kind == EntryKind::Scale));
 }
 
 #[test]
@@ -99,6 +108,8 @@ fn entry_index_rejects_invalid_combinations() {
         for op in RedOp::ALL {
             assert_eq!(entry_index(EntryKind::Copy, dtype, Some(op)), None);
             assert!(find_entry(EntryKind::Copy, dtype, Some(op)).is_none());
+            assert_eq!(entry_index(EntryKind::Scale, dtype, Some(op)), None);
+            assert!(find_entry(EntryKind::Scale, dtype, Some(op)).is_none());
         }
         for kind in REDUCTIONS {
             assert_eq!(entry_index(kind, dtype, None), None, "{kind:?} {dtype:?}");
@@ -112,7 +123,7 @@ fn every_valid_combination_has_one_entry() {
     let mut seen = HashSet::new();
     for kind in EntryKind::ALL {
         for dtype in DataType::ALL {
-            let ops: Vec<Option<RedOp>> = if kind == EntryKind::Copy {
+            let ops: Vec<Option<RedOp>> = if matches!(kind, EntryKind::Copy | EntryKind::Scale) {
                 vec![None]
             } else {
                 RedOp::ALL.into_iter().map(Some).collect()

@@ -9,9 +9,9 @@
 //! poisoned with it first, so a check also proves that exactly `count` elements were written and
 //! the sources were not.
 
-use gpu_kernels::element::{Bf16, Element, F16};
+use gpu_kernels::element::{Bf16, Element, F16, F8E4M3, F8E5M2};
 use gpu_kernels::op::{Avg, Max, Min, Prod, ReduceOp, Sum};
-use gpu_kernels::prim::{reduce_copy, Grid, MAX_SRCS, VECTOR_BYTES};
+use gpu_kernels::prim::{reduce_copy, scale, Grid, MAX_SRCS, VECTOR_BYTES};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use std::fmt::Debug;
 use std::marker::PhantomData;
@@ -79,6 +79,19 @@ impl TestElem for Bf16 {
     const SENTINEL: Self = Bf16(0xffe5);
     fn gen(r: &mut SmallRng) -> Self {
         Bf16::from_f32(gen_f64(r) as f32)
+    }
+}
+
+impl TestElem for F8E4M3 {
+    const SENTINEL: Self = F8E4M3(0xff); // NaN
+    fn gen(r: &mut SmallRng) -> Self {
+        F8E4M3::from_f32(gen_f64(r) as f32)
+    }
+}
+impl TestElem for F8E5M2 {
+    const SENTINEL: Self = F8E5M2(0xfe); // NaN
+    fn gen(r: &mut SmallRng) -> Self {
+        F8E5M2::from_f32(gen_f64(r) as f32)
     }
 }
 
@@ -391,6 +404,75 @@ fn grid_i64() {
 #[test]
 fn grid_u64() {
     sweep_type::<u64>(10);
+}
+
+#[test]
+fn grid_f8e4m3() {
+    sweep_type::<F8E4M3>(11);
+}
+#[test]
+fn grid_f8e5m2() {
+    sweep_type::<F8E5M2>(12);
+}
+
+/// `prim::scale` on an emulated grid: every element is `src[i].mul(scalar)` (NCCL's
+/// pre-multiplication), exactly `count` elements written, in place or not, on the vector path
+/// (same offsets modulo 16 bytes) and the scalar path (different offsets).
+fn scale_type<T: TestElem>(seed: u64) {
+    let mut r = SmallRng::seed_from_u64(seed);
+    let lanes = VECTOR_BYTES / T::SIZE;
+    for count in [0usize, 1, 2, 15, 16, 17, 63, 64, 65, 257, 1000, 4099] {
+        for (src_off, dst_off) in [(0, 0), (1, 1), (lanes - 1, lanes - 1), (0, 1), (1, 0)] {
+            for in_place in [false, true] {
+                for threads in [1usize, 3, 64, 257] {
+                    let scalar = T::gen(&mut r);
+                    let data: Vec<T> = (0..count).map(|_| T::gen(&mut r)).collect();
+                    let want: Vec<T> = data.iter().map(|x| x.mul(scalar)).collect();
+                    let mut src = Buf::<T>::new(count, src_off);
+                    let mut dst = Buf::<T>::new(count, dst_off);
+                    src.set(&data);
+                    let (s, d) = if in_place {
+                        (src.ptr(), src.ptr())
+                    } else {
+                        (src.ptr(), dst.ptr())
+                    };
+                    for thread in 0..threads {
+                        // SAFETY: both buffers hold `count` elements; in place they are one.
+                        unsafe { scale(Grid { thread, threads }, s, d, count, scalar) };
+                    }
+                    let case = || {
+                        format!(
+                            "{} count={count} src_off={src_off} dst_off={dst_off} \
+                             in_place={in_place} threads={threads} scalar={scalar:?}",
+                            T::NAME
+                        )
+                    };
+                    if in_place {
+                        src.check(&want, "src (in place)", &case);
+                    } else {
+                        dst.check(&want, "dst", &case);
+                        src.check(&data, "src", &case);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scale_every_type() {
+    scale_type::<f32>(21);
+    scale_type::<f64>(22);
+    scale_type::<F16>(23);
+    scale_type::<Bf16>(24);
+    scale_type::<i8>(25);
+    scale_type::<u8>(26);
+    scale_type::<i32>(27);
+    scale_type::<u32>(28);
+    scale_type::<i64>(29);
+    scale_type::<u64>(30);
+    scale_type::<F8E4M3>(31);
+    scale_type::<F8E5M2>(32);
 }
 
 /// `nsrc` above `NS` folds the `NS` sources (the kernels clamp rather than read past the array).

@@ -106,7 +106,7 @@ pub use comm::Communicator;
 pub use comm_split::PendingCommunicator;
 pub use config::{Algorithm, Config, DebugLevel, Network};
 pub use driver::device_count;
-pub use dtype::{DataType, DeviceElement};
+pub use dtype::{DataType, DeviceElement, F8E4M3, F8E5M2};
 pub use error::{Arg, Error, Result};
 pub use gpu_kernels::op::RedOp;
 pub use kind::{CollectiveKind, UnknownCollective};

@@ -325,6 +325,8 @@ fn issue(world: &World, set: &[CollCall]) -> Result<()> {
         DataType::U32 => issue_typed::<u32>(world, set),
         DataType::I64 => issue_typed::<i64>(world, set),
         DataType::U64 => issue_typed::<u64>(world, set),
+        DataType::F8E4M3 => issue_typed::<ringccl::F8E4M3>(world, set),
+        DataType::F8E5M2 => issue_typed::<ringccl::F8E5M2>(world, set),
     }
 }
 

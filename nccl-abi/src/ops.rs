@@ -82,6 +82,8 @@ impl PreMul {
             DataType::U32 => f64::from(bits as u32),
             DataType::I64 => bits as i64 as f64,
             DataType::U64 => bits as f64,
+            DataType::F8E4M3 => f64::from(ringccl::F8E4M3::from_bits(bits as u8).to_f32()),
+            DataType::F8E5M2 => f64::from(ringccl::F8E5M2::from_bits(bits as u8).to_f32()),
         })
     }
 }

@@ -187,6 +187,7 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
                 && !args[11].is_u64()
         }
         EntryKind::ReduceCopy => args.len() == 6 && u64s(&args[..5]) && !args[5].is_u64(),
+        EntryKind::Scale => args.len() == 5 && u64s(args),
         EntryKind::OneShot => {
             args.len() == 26
                 && u64s(&args[..8])
@@ -270,7 +271,7 @@ unsafe impl Sync for Gpu {}
 
 impl Gpu {
     /// Opens device `ordinal`: checks the driver is present, loads the PTX for the device's
-    /// compute capability and looks up all 110 entry points.
+    /// compute capability and looks up every entry point.
     pub fn open(ordinal: usize) -> Result<Self> {
         if !driver_present() {
             return Err(Error::msg(
@@ -319,6 +320,11 @@ impl Gpu {
             _module: module,
             kernels,
         })
+    }
+
+    /// ringccl's own loaded kernels (for tests of its launchers).
+    pub fn ringccl_kernels(&self) -> &ringccl::internals::driver::Kernels {
+        &self._module
     }
 
     /// The loaded entry point called `name`.

@@ -1,6 +1,6 @@
 //! Every PTX entry point against the CPU implementation in `gpu-kernels`, bit for bit.
 //!
-//! For each of the 110 entry points: sizes {1, 3, 1023, 2^20 + 7} × three alignments (all
+//! For each copy, reduce and reduce-copy entry point (every element type, fp8 included): sizes {1, 3, 1023, 2^20 + 7} × three alignments (all
 //! pointers 16-byte aligned; all offset by one element, so a scalar head, 16-byte vectors and a
 //! scalar tail; pointers with different misalignments, so the all-scalar path) × the primitive's
 //! variants (reduce: 2, 3 and 8 sources; copy and reduce-copy: with and without `dst1`) × postdiv
@@ -10,10 +10,15 @@
 //! compared with `RedOp::combine` folded left to right plus `RedOp::finish`, using
 //! `Element::same_result` (copies: identical bits).
 //!
+//! The scale entry points (`ringccl_scale_{ty}`, NCCL's PreMulSum pre-multiplication) run the
+//! same sizes and alignments with the scalar as an immediate (garbage in the unused high bits)
+//! and read from device memory (garbage in the immediate), in place and out of place, against
+//! `Element::mul`, bit for bit (NaNs as NaNs).
+//!
 //! Needs a CUDA GPU: run with `cargo test -p ringccl-tests --release --test kernels --
 //! --include-ignored`. Without a driver the tests fail (they do not pass vacuously).
 
-use gpu_kernels::element::{Bf16, Element, F16};
+use gpu_kernels::element::{Bf16, Element, F16, F8E4M3, F8E5M2};
 use gpu_kernels::entry::{EntryKind, EntryPoint, ENTRY_POINTS};
 use gpu_kernels::op::RedOp;
 use rand::rngs::StdRng;
@@ -159,6 +164,27 @@ impl Gen for Bf16 {
     }
 }
 
+/// fp8: one element in 32 is an edge encoding (NaN, ±inf for E5M2, the largest finite value,
+/// ±0, subnormals); the others ±[2^-8, 2^9), rounded (E4M3 saturates above 448).
+macro_rules! gen_fp8 {
+    ($($t:ident: $edges:expr;)*) => {$(
+        impl Gen for $t {
+            fn gen(rng: &mut StdRng) -> Self {
+                if is_special(rng) {
+                    let edges: &[u8] = &$edges;
+                    $t(edges[rng.random_range(0..edges.len())])
+                } else {
+                    $t::from_f32(normal_f64(rng) as f32)
+                }
+            }
+        }
+    )*};
+}
+gen_fp8! {
+    F8E4M3: [0x7f, 0xff, 0x7e, 0xfe, 0x00, 0x80, 0x01, 0x81, 0x07, 0x08];
+    F8E5M2: [0x7c, 0xfc, 0x7d, 0x7f, 0xfe, 0x7b, 0xfb, 0x00, 0x80, 0x01, 0x03, 0x04];
+}
+
 fn to_bytes<T: Element>(v: &[T]) -> Vec<u8> {
     let mut out = Vec::with_capacity(v.len() * T::SIZE);
     for x in v {
@@ -243,6 +269,8 @@ impl<T: Element> Expected<T> {
 /// One case's parameters, for the checker and for messages.
 struct Case<'a> {
     entry: &'a EntryPoint,
+    /// The scale's variant (scalar source, in place), else empty.
+    variant: &'static str,
     nsrc: usize,
     two: bool,
     postdiv: u32,
@@ -266,6 +294,7 @@ impl Bench {
             EntryKind::Copy => (&[1], &[false, true]),
             EntryKind::Reduce => (&[2, 3, 8], &[false]),
             EntryKind::ReduceCopy => (&[2], &[false, true]),
+            EntryKind::Scale => return self.run_scale::<T>(rng),
             EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
                 return Err(ringccl_tests::Error::msg(
                     "one-shot and two-shot kernels need every rank: tests/tests/collectives.rs runs them",
@@ -304,6 +333,7 @@ impl Bench {
                                 };
                                 let case = Case {
                                     entry,
+                                    variant: "",
                                     nsrc,
                                     two,
                                     postdiv,
@@ -319,6 +349,152 @@ impl Bench {
             }
             self.stats.entries += 1;
         }
+        Ok(())
+    }
+
+    /// The scale entry point of `T`: every size, alignment, scalar source and in place or not.
+    fn run_scale<T: Gen>(&mut self, rng: &mut StdRng) -> Result<()> {
+        let entry = ENTRY_POINTS
+            .iter()
+            .find(|e| e.kind == EntryKind::Scale && e.dtype == T::DTYPE)
+            .ok_or_else(|| ringccl_tests::Error::msg("no scale entry point"))?;
+        let srcs: Vec<Vec<T>> = vec![(0..MAXN).map(|_| T::gen(rng)).collect()];
+        for (a, align) in ALIGNS.iter().enumerate() {
+            let off = a * MAX_SRCS * SLOT_BYTES + (GUARD + align.src[0]) * T::SIZE;
+            self.gpu.upload(&self.arena, off, &to_bytes(&srcs[0]))?;
+        }
+        // Two scalars: a random one and (for floats) a special one now and then.
+        for _ in 0..2 {
+            let scalar = T::gen(rng);
+            let exp = Expected::new(srcs[0].iter().map(|x| x.mul(scalar)).collect());
+            // Unused bits of the immediate hold garbage: the kernel must ignore them.
+            let high = if T::SIZE < 8 {
+                !0u64 << (8 * T::SIZE)
+            } else {
+                0
+            };
+            for device in [false, true] {
+                for in_place in [false, true] {
+                    for (a, align) in ALIGNS.iter().enumerate() {
+                        for n in SIZES {
+                            let c = self.counter;
+                            self.counter += 1;
+                            let shape = if n == MAXN {
+                                SHAPES[2 + c % 3]
+                            } else {
+                                SHAPES[c % 5]
+                            };
+                            let variant = match (device, in_place) {
+                                (false, false) => "immediate",
+                                (false, true) => "immediate in-place",
+                                (true, false) => "device-scalar",
+                                (true, true) => "device-scalar in-place",
+                            };
+                            let case = Case {
+                                entry,
+                                variant,
+                                nsrc: 1,
+                                two: false,
+                                postdiv: 1,
+                                align,
+                                n,
+                                shape,
+                            };
+                            let imm = if device {
+                                0x5a5a_5a5a_5a5a_5a5a
+                            } else {
+                                scalar.to_raw() | high
+                            };
+                            self.run_scale_case(
+                                a,
+                                &case,
+                                &srcs,
+                                &exp,
+                                (scalar, imm, device),
+                                in_place,
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+        self.stats.entries += 1;
+        Ok(())
+    }
+
+    /// One scale launch: out of place from the alignment's source slot into dst0, or in place
+    /// on a copy of the source in dst0 (at the source's offset); the scalar in dst1's first
+    /// element when read from the device.
+    #[allow(clippy::too_many_arguments)]
+    fn run_scale_case<T: Element>(
+        &mut self,
+        a: usize,
+        case: &Case<'_>,
+        srcs: &[Vec<T>],
+        exp: &Expected<T>,
+        (scalar, imm, device): (T, u64, bool),
+        in_place: bool,
+    ) -> Result<()> {
+        let poison = (self.counter as u8).wrapping_mul(37) ^ 0x5b;
+        let n = case.n;
+        let dst_off = if in_place {
+            case.align.src[0]
+        } else {
+            case.align.dst0
+        };
+        let window = GUARD + MAX_OFFSET + n + GUARD;
+        self.gpu.fill(
+            &self.arena,
+            DST0_SLOT * SLOT_BYTES,
+            window * T::SIZE,
+            poison,
+        )?;
+        let dst = self.slot_ptr(DST0_SLOT, GUARD + dst_off, T::SIZE);
+        let src = if in_place {
+            let at = DST0_SLOT * SLOT_BYTES + (GUARD + dst_off) * T::SIZE;
+            self.gpu.upload(&self.arena, at, &to_bytes(&srcs[0][..n]))?;
+            dst
+        } else {
+            self.slot_ptr(a * MAX_SRCS, GUARD + case.align.src[0], T::SIZE)
+        };
+        let scalar_ptr = if device {
+            let mut bytes = to_bytes(&[scalar]);
+            bytes.resize(8, 0xa5);
+            self.gpu
+                .upload(&self.arena, DST1_SLOT * SLOT_BYTES, &bytes)?;
+            self.slot_ptr(DST1_SLOT, 0, T::SIZE)
+        } else {
+            0
+        };
+        let args = [
+            KArg::U64(src),
+            KArg::U64(dst),
+            KArg::U64(n as u64),
+            KArg::U64(imm),
+            KArg::U64(scalar_ptr),
+        ];
+        let kern = self.gpu.kernel(case.entry.name)?;
+        // SAFETY: source and destination ranges (count `n` from their offsets) lie inside
+        // their slots (the same range in place); the device scalar is one element of dst1's
+        // slot.
+        let threads = unsafe { self.gpu.launch(kern, case.shape.0, case.shape.1, &args)? };
+        self.stats.launches += 1;
+        let mut buf = std::mem::take(&mut self.window);
+        buf.resize(window * T::SIZE, 0);
+        self.gpu
+            .download(&self.arena, DST0_SLOT * SLOT_BYTES, &mut buf)?;
+        self.check(
+            &buf,
+            poison,
+            dst_off,
+            true,
+            0,
+            case,
+            (case.shape.0, threads),
+            srcs,
+            exp,
+        );
+        self.window = buf;
         Ok(())
     }
 
@@ -361,9 +537,9 @@ impl Bench {
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(src_ptrs[0], src_ptrs[1], dst0, dst1, n as u64, case.postdiv)
             }
-            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
+            EntryKind::Scale | EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
                 return Err(ringccl_tests::Error::msg(
-                    "one-shot and two-shot kernels are not run here",
+                    "scale, one-shot and two-shot kernels are not run by run_case",
                 ))
             }
         };
@@ -410,8 +586,10 @@ impl Bench {
         let elems = buf.len() / T::SIZE;
         let what = || {
             format!(
-                "{} n={} align={} nsrc={} dst1={} postdiv={} shape={}x{}: dst{d}",
+                "{}{}{} n={} align={} nsrc={} dst1={} postdiv={} shape={}x{}: dst{d}",
                 case.entry.name,
+                if case.variant.is_empty() { "" } else { " " },
+                case.variant,
                 case.n,
                 case.align.name,
                 case.nsrc,
@@ -525,6 +703,8 @@ fn run(kind: EntryKind) -> Result<Stats> {
     b.run_type::<u32>(kind, &mut rng)?;
     b.run_type::<i64>(kind, &mut rng)?;
     b.run_type::<u64>(kind, &mut rng)?;
+    b.run_type::<F8E4M3>(kind, &mut rng)?;
+    b.run_type::<F8E5M2>(kind, &mut rng)?;
     Ok(b.stats)
 }
 
@@ -573,4 +753,102 @@ fn reduce_kernels_match_the_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn reduce_copy_kernels_match_the_cpu() {
     check_kind(EntryKind::ReduceCopy);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn scale_kernels_match_the_cpu() {
+    check_kind(EntryKind::Scale);
+}
+
+/// ringccl's launcher (`driver::scale::launch_scale`) for one type: immediate and device
+/// scalars, in place and out of place, against `Element::mul`; a bad argument is refused.
+fn launcher_type<T: Gen>(gpu: &Gpu, buf: &DeviceBuffer, rng: &mut StdRng) -> Result<usize> {
+    use ringccl::internals::driver::scale::{launch_scale, ScaleBy};
+    const N: usize = 100_003;
+    let size = T::SIZE;
+    let (src_at, dst_at, scalar_at) = (0usize, N * 8 + 256, 2 * (N * 8 + 256));
+    let data: Vec<T> = (0..N).map(|_| T::gen(rng)).collect();
+    let mut mismatches = 0;
+    for (device, in_place) in [(false, false), (false, true), (true, false), (true, true)] {
+        let scalar = T::gen(rng);
+        gpu.upload(buf, src_at, &to_bytes(&data))?;
+        gpu.upload(buf, scalar_at, &to_bytes(&[scalar]))?;
+        let src = buf.ptr() + src_at as u64;
+        let dst = if in_place {
+            src
+        } else {
+            buf.ptr() + dst_at as u64
+        };
+        let by = if device {
+            ScaleBy::Device(buf.ptr() + scalar_at as u64)
+        } else {
+            ScaleBy::Immediate(scalar.to_raw())
+        };
+        // SAFETY: both ranges hold N elements inside `buf`; the scalar is one element of it.
+        unsafe {
+            launch_scale(
+                gpu.ringccl_kernels(),
+                &gpu.stream,
+                T::DTYPE,
+                src,
+                dst,
+                N,
+                by,
+                gpu.sms * 2,
+            )
+        }
+        .map_err(|e| ringccl_tests::Error::msg(format!("launch_scale: {e}")))?;
+        let mut out = vec![0u8; N * size];
+        gpu.download(buf, (dst - buf.ptr()) as usize, &mut out)?;
+        for (i, x) in data.iter().enumerate() {
+            let got: T = element_at(&out, i);
+            if !got.same_result(x.mul(scalar)) {
+                mismatches += 1;
+            }
+        }
+    }
+    // A misaligned destination (for types wider than a byte) and a null device scalar: errors.
+    let bad_dst = buf.ptr() + dst_at as u64 + u64::from(size > 1);
+    // SAFETY: refused before any launch (the test asserts the error).
+    let refused = unsafe {
+        launch_scale(
+            gpu.ringccl_kernels(),
+            &gpu.stream,
+            T::DTYPE,
+            buf.ptr(),
+            if size > 1 { bad_dst } else { 0 },
+            N,
+            ScaleBy::Device(0),
+            1,
+        )
+    };
+    assert!(refused.is_err(), "{}: a bad argument was accepted", T::NAME);
+    Ok(mismatches)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn scale_launcher_matches_the_cpu() {
+    assert!(
+        driver_present(),
+        "no CUDA driver (libcuda) found: the kernel tests need a CUDA GPU"
+    );
+    let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("{e}"));
+    let buf = gpu
+        .alloc(3 * (100_003 * 8 + 256))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut rng = StdRng::seed_from_u64(0x5ca1e);
+    let mut bad = Vec::new();
+    macro_rules! each {
+        ($($t:ty),*) => {$(
+            let m = launcher_type::<$t>(&gpu, &buf, &mut rng).unwrap_or_else(|e| panic!("{e}"));
+            if m > 0 {
+                bad.push(format!("{}: {m} mismatches", <$t as Element>::NAME));
+            }
+        )*};
+    }
+    each!(f32, f64, F16, Bf16, i8, u8, i32, u32, i64, u64, F8E4M3, F8E5M2);
+    println!("scale launcher: 12 types x 4 variants x 100003 elements checked");
+    assert!(bad.is_empty(), "{}", bad.join("; "));
 }

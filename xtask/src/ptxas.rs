@@ -150,7 +150,25 @@ fn leading_number(s: &str) -> u32 {
     s[..end].parse().unwrap_or(0)
 }
 
-/// Checks every entry point's report: present, no stack frame, no spills.
+/// The one exception to "no stack frame": fp8 kernels. Their lanes (16 per 16-byte vector)
+/// each need a conversion to and from binary16 (in software on sm_80, which has no fp8
+/// instructions) or, for min/max, a few selects, and the compiler then keeps a vector's lanes
+/// in a small local-memory frame (measured: 160-240 bytes on sm_80, 176 bytes for min/max on
+/// sm_90; sum, prod, avg and scale have none on sm_90). Correct, somewhat slower. Spills stay
+/// forbidden, and the frame is bounded.
+pub const FP8_MAX_STACK: u32 = 256;
+
+fn stack_allowed(e: &EntryPoint) -> u32 {
+    use gpu_kernels::DataType;
+    if matches!(e.dtype, DataType::F8E4M3 | DataType::F8E5M2) {
+        FP8_MAX_STACK
+    } else {
+        0
+    }
+}
+
+/// Checks every entry point's report: present, no stack frame (but up to [`FP8_MAX_STACK`]
+/// bytes for the fp8 kernels), no spills.
 pub fn check(
     arch: &str,
     entries: &[EntryPoint],
@@ -158,8 +176,10 @@ pub fn check(
 ) -> Vec<String> {
     let mut errors = Vec::new();
     for e in entries {
+        let allowed = stack_allowed(e);
         match report.get(e.name) {
             None => errors.push(format!("{arch}: ptxas reported nothing for entry `{}`", e.name)),
+            Some(r) if allowed > 0 && r.stack_frame <= allowed && r.spill_stores == 0 && r.spill_loads == 0 => {}
             Some(r) if r.stack_frame != 0 || r.spill_stores != 0 || r.spill_loads != 0 => errors.push(format!(
                 "{arch}: `{}` has {} bytes stack frame, {} bytes spill stores, {} bytes spill loads (must all be 0)",
                 e.name, r.stack_frame, r.spill_stores, r.spill_loads
@@ -342,6 +362,32 @@ ptxas info    : Used 130 registers, 400 bytes cmem[0]
         );
         assert!(errors[1].contains("ringccl_copy_u8") && errors[1].contains("nothing"));
         assert!(check("sm_90", &entries[..1], &r).is_empty());
+    }
+
+    #[test]
+    fn only_fp8_kernels_may_have_a_bounded_stack_frame() {
+        let res = |stack, spills| Resources {
+            registers: 64,
+            stack_frame: stack,
+            spill_stores: spills,
+            spill_loads: 0,
+        };
+        let fp8 = Ep::new("k", EntryKind::Copy, DataType::F8E4M3, None);
+        let other = Ep::new("k", EntryKind::Copy, DataType::U8, None);
+        let with = |r: Resources| BTreeMap::from([("k".to_string(), r)]);
+        assert!(check("sm_80", &[fp8], &with(res(240, 0))).is_empty());
+        assert!(check("sm_90", &[fp8], &with(res(FP8_MAX_STACK, 0))).is_empty());
+        assert_eq!(
+            check("sm_90", &[fp8], &with(res(FP8_MAX_STACK + 16, 0))).len(),
+            1
+        );
+        assert_eq!(
+            check("sm_80", &[fp8], &with(res(240, 8))).len(),
+            1,
+            "spills never"
+        );
+        assert_eq!(check("sm_90", &[other], &with(res(16, 0))).len(), 1);
+        assert_eq!(check("sm_80", &[other], &with(res(16, 0))).len(), 1);
     }
 
     #[test]

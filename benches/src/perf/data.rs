@@ -118,6 +118,10 @@ pub fn limit_of(d: DataType) -> u64 {
         DataType::U32 => u32::LIMIT,
         DataType::I64 => i64::LIMIT,
         DataType::U64 => u64::LIMIT,
+        // Not measured by the tool (no `PerfElem`): the exact integers of 4 and 3 significant
+        // bits.
+        DataType::F8E4M3 => 1 << 4,
+        DataType::F8E5M2 => 1 << 3,
     }
 }
 
@@ -286,7 +290,7 @@ mod tests {
     /// an integer in `1..=limit`, so exactly representable, for every type, op and rank count.
     #[test]
     fn reductions_stay_exact() {
-        for d in DataType::ALL {
+        for d in super::super::args::MEASURED_DTYPES {
             let limit = limit_of(d);
             for n in 1..=16 {
                 for op in RedOp::ALL {

@@ -472,7 +472,7 @@ impl Kernels {
     /// # Safety
     /// `params` points at values matching `f`'s parameter list, which the kernel may use as
     /// the caller's contract says.
-    unsafe fn launch(
+    pub(super) unsafe fn launch(
         &self,
         stream: &CudaStream,
         f: &CudaFunction,

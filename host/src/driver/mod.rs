@@ -25,6 +25,7 @@ pub mod graph;
 pub mod ipc;
 pub mod launch;
 pub mod module;
+pub mod scale;
 
 pub use module::Kernels;
 

@@ -381,6 +381,9 @@ mod tests {
                 }
             }
             assert_eq!(entry_index(EntryKind::Copy, dt, Some(RedOp::Sum)), None);
+            let i = entry_index(EntryKind::Scale, dt, None).unwrap();
+            assert_eq!(ENTRY_POINTS[i].name, format!("ringccl_scale_{}", dt.name()));
+            seen[i] = true;
         }
         assert!(seen.iter().all(|&s| s), "every entry point is reachable");
     }
