@@ -23,6 +23,7 @@ pub mod buffer;
 pub mod check;
 pub mod collective;
 pub mod p2p;
+pub mod premul;
 pub mod send_recv;
 #[cfg(test)]
 mod test_util;
@@ -30,6 +31,7 @@ pub mod validate;
 
 pub use buffer::{DeviceSlice, DeviceSliceMut, Io, RawBuf};
 pub use p2p::PeerOp;
+pub use premul::{Op, Scalar};
 pub use send_recv::SendRecv;
 
 use buffer::RankArgs;
@@ -141,26 +143,14 @@ impl Communicator {
         &self,
         c: Collective,
         io: &mut [Io<'_, T>],
-        op: RedOp,
+        op: Op,
         streams: &[S],
     ) -> Result<()> {
-        // 1. Validate (a failed or aborted communicator runs nothing more).
-        let Some(checked) = self.validate_collective(c, io, op, streams)? else {
+        // 1. Validate (a failed or aborted communicator runs nothing more); a PreMulSum
+        // resolves to its pre-step and a sum (`premul::resolve`).
+        let Some((checked, resolved)) = self.validate_collective(c, io, &op, streams)? else {
             return Ok(()); // a count of 0
         };
-        // 2. Choose the plan.
-        let call = CallShape {
-            collective: c,
-            dtype: T::DTYPE,
-            layout: checked.layout,
-        };
-        let plan = self.choose(&call, checked.capture.is_some())?;
-        // 3. Run it (after the last check: all ranks' streams captured into a CUDA graph, or
-        // none).
-        let capturing = checked.capture.is_some();
-        if let Some(capture) = &checked.capture {
-            self.keep_alive_in(capture)?;
-        }
         let ptrs: Vec<RankPtrs> = checked
             .ptrs
             .iter()
@@ -169,15 +159,104 @@ impl Communicator {
                 recv: p.recv,
             })
             .collect();
+        let capturing = checked.capture.is_some();
         let track = Tracked::new(io, streams, &checked.ptrs, capturing);
+        // 1b. The PreMulSum pre-step: every held rank's input scaled (into a temporary freed
+        // on the rank's stream after the call, or into the all-reduce's own buffers).
+        let (layout, ptrs, temps) = match &resolved.pre {
+            None => (checked.layout, ptrs, exec::premul::Temps::none()),
+            Some(pre) => self.prescale::<T, S>(c, pre, checked.layout, &ptrs, streams, &track)?,
+        };
+        // 2. Choose the plan.
+        let call = CallShape {
+            collective: c,
+            dtype: T::DTYPE,
+            layout,
+        };
+        let plan = self.choose(&call, capturing)?;
+        // 3. Run it (after the last check: all ranks' streams captured into a CUDA graph, or
+        // none).
+        if let Some(capture) = &checked.capture {
+            self.keep_alive_in(capture)?;
+        }
         let args = exec::Args {
             dtype: T::DTYPE,
-            op,
+            op: resolved.op,
             ptrs: &ptrs,
             streams,
             track: &track,
         };
-        exec::run(&plan, self.handle(capturing), &args)
+        let ran = exec::run(&plan, self.handle(capturing), &args);
+        // The temporaries (if any) go after the call, in stream order.
+        let freed = temps.free();
+        ran.and(freed)
+    }
+
+    /// Step 1b of a PreMulSum collective: scales each held rank's input on its stream
+    /// ([`premul`]), inside cudarc's tracking of its buffers; returns the layout and pointers
+    /// the sum runs on, and the temporaries to free after it.
+    fn prescale<'s, T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        c: Collective,
+        pre: &exec::premul::Prescale,
+        layout: Layout,
+        ptrs: &[RankPtrs],
+        streams: &'s [S],
+        track: &dyn exec::Track,
+    ) -> Result<(Layout, Vec<RankPtrs>, exec::premul::Temps<'s>)> {
+        let ranks = self.local_ranks();
+        let temps = if pre.into == exec::premul::Target::Temp {
+            let bytes = pre.elems.saturating_mul(T::DTYPE.size());
+            exec::premul::Temps::alloc(streams.iter().map(AsRef::as_ref).collect(), ranks, bytes)?
+        } else {
+            exec::premul::Temps::none()
+        };
+        report!(
+            self.config().debug,
+            Info,
+            "{} {} count {}: PreMulSum pre-step: {} elements per rank scaled by {:?} into {:?}, \
+             then a sum",
+            c.name(),
+            T::DTYPE.name(),
+            c.count(),
+            pre.elems,
+            pre.scalars,
+            pre.into,
+        );
+        for (i, (&rank, p)) in ranks.iter().zip(ptrs).enumerate() {
+            let (Some(stream), Some(&scalar)) = (streams.get(i), pre.scalars.get(i)) else {
+                return Err(crate::Error::Internal {
+                    reason: format!("no stream or scalar for rank {rank}'s PreMulSum"),
+                });
+            };
+            let (src, dst) = pre.src_dst(p, temps.ptrs().get(i).copied().unwrap_or(0));
+            let res = self.resources(rank);
+            let cap = res.caps.for_traffic(crate::plan::tuning::Traffic::Local);
+            track.rank(i, &|| {
+                res.ctx
+                    .bind_to_thread()
+                    .map_err(|e| crate::Error::cuda("cuCtxSetCurrent", Some(rank), e))?;
+                // SAFETY: `src` is the rank's validated send buffer of at least `elems`
+                // elements; `dst` its validated receive buffer (all-reduce: `count` elements,
+                // or the send buffer itself in place) or its temporary of `elems` elements,
+                // alive until freed on this stream after the call; a device scalar was
+                // promised readable until the call has run (`Op::pre_mul_sum_scalars`).
+                unsafe {
+                    exec::premul::scale(
+                        &res.kernels,
+                        stream.as_ref(),
+                        T::DTYPE,
+                        src,
+                        dst,
+                        pre.elems,
+                        scalar,
+                        cap,
+                    )
+                }
+            })?;
+        }
+        let (layout, ptrs) = pre.rewrite(layout, ptrs, temps.ptrs());
+        Ok((layout, ptrs, temps))
     }
 
     /// Step 1 of a collective: checks the call against what this communicator holds (and, in
@@ -187,9 +266,9 @@ impl Communicator {
         &self,
         c: Collective,
         io: &[Io<'_, T>],
-        op: RedOp,
+        op: &Op,
         streams: &[S],
-    ) -> Result<Option<Checked>> {
+    ) -> Result<Option<(Checked, premul::Resolved)>> {
         self.health().check()?;
         let size = T::DTYPE.size();
         let devices = self.devices();
@@ -204,14 +283,18 @@ impl Communicator {
                 };
                 let checked = validate_held(c, &args, &held, &stream_devices(streams), size)?;
                 if self.config().check_calls {
-                    // Before the count-0 return: every rank takes part in the exchange.
-                    let op = c.kind().has_op().then_some(op);
+                    // Before the count-0 return: every rank takes part in the exchange. A
+                    // PreMulSum compares as a sum (each rank's scalar is its own).
+                    let op = c.kind().has_op().then(|| op.builtin().unwrap_or(RedOp::Sum));
                     let sig = check::CallSig::collective(c.name(), T::DTYPE, op, c.count(), c.root());
                     check::compare(p.rank, &p.boot.all_gather(&sig.encode())?)?;
                 }
                 checked
             }
         };
+        let nranks = self.nranks();
+        let resolved =
+            premul::resolve(op, c, T::DTYPE, checked.layout, nranks, self.local_ranks().len())?;
         if c.count() == 0 {
             return Ok(None);
         }
@@ -231,11 +314,14 @@ impl Communicator {
                  eagerly",
             ));
         }
-        Ok(Some(Checked {
-            ptrs: checked.ptrs,
-            layout: checked.layout,
-            capture,
-        }))
+        Ok(Some((
+            Checked {
+                ptrs: checked.ptrs,
+                layout: checked.layout,
+                capture,
+            },
+            resolved,
+        )))
     }
 
     /// Step 2: [`plan::call::choose`] on this communicator's view, reported at
@@ -327,10 +413,10 @@ impl Communicator {
         &self,
         io: &mut [Io<'_, T>],
         count: usize,
-        op: RedOp,
+        op: impl Into<Op>,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::AllReduce { count }, io, op, streams)
+        self.collective(Collective::AllReduce { count }, io, op.into(), streams)
     }
 
     /// Reduce-scatter: rank `r`'s output (`recvcount` elements) gets block `r` of the reduction
@@ -351,10 +437,10 @@ impl Communicator {
         &self,
         io: &mut [Io<'_, T>],
         recvcount: usize,
-        op: RedOp,
+        op: impl Into<Op>,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::ReduceScatter { recvcount }, io, op, streams)
+        self.collective(Collective::ReduceScatter { recvcount }, io, op.into(), streams)
     }
 
     /// All-gather: every rank's output (`nranks * sendcount` elements) gets every rank's input
@@ -377,7 +463,7 @@ impl Communicator {
         sendcount: usize,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::AllGather { sendcount }, io, RedOp::Sum, streams)
+        self.collective(Collective::AllGather { sendcount }, io, RedOp::Sum.into(), streams)
     }
 
     /// Broadcast: every rank's output gets the root's `count` input elements. The root gives
@@ -404,7 +490,7 @@ impl Communicator {
         self.collective(
             Collective::Broadcast { count, root },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }
@@ -426,11 +512,11 @@ impl Communicator {
         &self,
         io: &mut [Io<'_, T>],
         count: usize,
-        op: RedOp,
+        op: impl Into<Op>,
         root: usize,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::Reduce { count, root }, io, op, streams)
+        self.collective(Collective::Reduce { count, root }, io, op.into(), streams)
     }
 
     /// All-to-all: block `j` (`count_per_peer` elements) of rank `i`'s input goes to block `i`
@@ -457,7 +543,7 @@ impl Communicator {
         self.collective(
             Collective::AllToAll { count_per_peer },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }
@@ -488,7 +574,7 @@ impl Communicator {
         self.collective(
             Collective::Gather { sendcount, root },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }
@@ -519,7 +605,7 @@ impl Communicator {
         self.collective(
             Collective::Scatter { recvcount, root },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }

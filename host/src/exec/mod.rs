@@ -35,6 +35,7 @@ pub mod hybrid;
 pub mod oneshot;
 pub mod net;
 pub mod p2p;
+pub mod premul;
 pub mod process;
 pub mod ring;
 mod run;
