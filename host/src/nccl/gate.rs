@@ -21,7 +21,7 @@
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
 use crate::{Error, Result};
 
@@ -100,7 +100,8 @@ pub struct Side {
     pub t: Arc<CudaStream>,
     /// Waits at the gates; the queued buffers' events are recorded here.
     pub g: Arc<CudaStream>,
-    words: CudaSlice<u32>,
+    /// The gate words: plain `cuMemAlloc` memory (stream memory operations refuse memory of
+    /// the stream-ordered pool that `CudaStream::alloc_zeros` takes).
     base: u64,
     ops: MemOps,
 }
@@ -111,19 +112,21 @@ impl Side {
         let ops = memops()?;
         let t = ctx.new_stream().map_err(cuda("cuStreamCreate", rank))?;
         let g = ctx.new_stream().map_err(cuda("cuStreamCreate", rank))?;
-        let words = t
-            .alloc_zeros::<u32>(GATE_WORDS)
-            .map_err(cuda("cuMemAlloc", rank))?;
-        // Nothing waits on the words' own events: the address is read once and the record
-        // forgotten; `Drop` synchronises both streams before the words are freed.
-        let (base, record) = words.device_ptr(&t);
-        std::mem::forget(record);
-        t.synchronize().map_err(cuda("cuStreamSynchronize", rank))?;
+        ctx.bind_to_thread()
+            .map_err(cuda("cuCtxSetCurrent", rank))?;
+        // SAFETY: `ctx` is current on this thread.
+        let base =
+            unsafe { result::malloc_sync(GATE_WORDS * 4) }.map_err(cuda("cuMemAlloc", rank))?;
+        // SAFETY: `base` is `GATE_WORDS` words of live memory of the current context; synchronous.
+        if let Err(e) = unsafe { result::memset_d8_sync(base, 0, GATE_WORDS * 4) } {
+            // SAFETY: allocated above, used by nothing yet.
+            let _ = unsafe { result::free_sync(base) };
+            return Err(cuda("cuMemsetD8", rank)(e));
+        }
         Ok(Side {
             rank,
             t,
             g,
-            words,
             base,
             ops,
         })
@@ -168,7 +171,11 @@ impl Drop for Side {
                 log::error!(target: "ringccl", "ringccl::nccl: rank {}: {e:?} while draining a gate stream", self.rank);
             }
         }
-        let _ = &self.words;
+        let ctx = self.t.context();
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: `base` came from `cuMemAlloc` in this context; both streams that use it have
+        // finished (above), and it is freed once, here.
+        ctx.record_err(unsafe { result::free_sync(self.base) });
     }
 }
 
