@@ -189,8 +189,8 @@ macro_rules! with_type {
             DataType::U32 => $f::<u32>($($args),*),
             DataType::I64 => $f::<i64>($($args),*),
             DataType::U64 => $f::<u64>($($args),*),
-            DataType::F8E4M3 => $f::<crate::F8E4M3>($($args),*),
-            DataType::F8E5M2 => $f::<crate::F8E5M2>($($args),*),
+            DataType::F8E4M3 => $f::<crate::dtype::F8E4M3>($($args),*),
+            DataType::F8E5M2 => $f::<crate::dtype::F8E5M2>($($args),*),
         }
     };
 }
