@@ -160,14 +160,12 @@ impl Communicator {
             })
             .collect();
         let capturing = checked.capture.is_some();
-        let track = Tracked::new(io, streams, &checked.ptrs, capturing);
-        // 1b. The PreMulSum pre-step: every held rank's input scaled (into a temporary freed
-        // on the rank's stream after the call, or into the all-reduce's own buffers).
-        let (layout, ptrs, temps) = match &resolved.pre {
-            None => (checked.layout, ptrs, exec::premul::Temps::none()),
-            Some(pre) => self.prescale::<T, S>(c, pre, checked.layout, &ptrs, streams, &track)?,
-        };
-        // 2. Choose the plan.
+        // 2. Choose the plan (for a PreMulSum, of the sum over the scaled inputs, whose layout
+        // the pre-step sets).
+        let layout = resolved
+            .pre
+            .as_ref()
+            .map_or(checked.layout, |pre| pre.layout(checked.layout));
         let call = CallShape {
             collective: c,
             dtype: T::DTYPE,
@@ -179,6 +177,13 @@ impl Communicator {
         if let Some(capture) = &checked.capture {
             self.keep_alive_in(capture)?;
         }
+        let track = Tracked::new(io, streams, &checked.ptrs, capturing);
+        // A PreMulSum's pre-step first: every held rank's input scaled (into a temporary freed
+        // on the rank's stream after the call, or into the all-reduce's own buffers).
+        let (ptrs, temps) = match &resolved.pre {
+            None => (ptrs, exec::premul::Temps::none()),
+            Some(pre) => self.prescale::<T, S>(c, pre, &ptrs, streams, &track)?,
+        };
         let args = exec::Args {
             dtype: T::DTYPE,
             op: resolved.op,
@@ -192,22 +197,22 @@ impl Communicator {
         ran.and(freed)
     }
 
-    /// Step 1b of a PreMulSum collective: scales each held rank's input on its stream
-    /// ([`premul`]), inside cudarc's tracking of its buffers; returns the layout and pointers
-    /// the sum runs on, and the temporaries to free after it.
+    /// The pre-step of a PreMulSum collective (step 3, before the sum): scales each held
+    /// rank's input on its stream ([`premul`]), inside cudarc's tracking of its buffers;
+    /// returns the pointers the sum runs on and the temporaries to free after it.
     fn prescale<'s, T: DeviceElement, S: AsRef<CudaStream>>(
         &self,
         c: Collective,
         pre: &exec::premul::Prescale,
-        layout: Layout,
         ptrs: &[RankPtrs],
         streams: &'s [S],
         track: &dyn exec::Track,
-    ) -> Result<(Layout, Vec<RankPtrs>, exec::premul::Temps<'s>)> {
+    ) -> Result<(Vec<RankPtrs>, exec::premul::Temps<'s>)> {
         let ranks = self.local_ranks();
         let temps = if pre.into == exec::premul::Target::Temp {
             let bytes = pre.elems.saturating_mul(T::DTYPE.size());
-            exec::premul::Temps::alloc(streams.iter().map(AsRef::as_ref).collect(), ranks, bytes)?
+            let pools: Vec<usize> = ranks.iter().map(|&r| self.resources(r).granted_pool).collect();
+            exec::premul::Temps::alloc(streams.iter().map(AsRef::as_ref).collect(), &pools, ranks, bytes)?
         } else {
             exec::premul::Temps::none()
         };
@@ -255,8 +260,7 @@ impl Communicator {
                 }
             })?;
         }
-        let (layout, ptrs) = pre.rewrite(layout, ptrs, temps.ptrs());
-        Ok((layout, ptrs, temps))
+        Ok((pre.rewrite(ptrs, temps.ptrs()), temps))
     }
 
     /// Step 1 of a collective: checks the call against what this communicator holds (and, in

@@ -2,7 +2,7 @@
 //! held rank's scaled input goes, the scale launch (`ringccl_scale_{ty}`), and the
 //! stream-ordered temporaries of reduce-scatter and reduce.
 
-use cudarc::driver::{result, CudaStream};
+use cudarc::driver::{result, sys, CudaStream};
 
 use crate::driver::Kernels;
 use crate::exec::RankPtrs;
@@ -35,33 +35,51 @@ pub enum Target {
 }
 
 impl Prescale {
-    /// The layout and pointers the collective runs with after the pre-step, given the
-    /// validated ones and the temporaries (`temps[i]`: held rank `i`'s, 0 unless
+    /// The layout the collective runs with after the pre-step, given the validated one.
+    ///
+    /// ```
+    /// use ringccl::internals::exec::premul::{Prescale, Target};
+    /// use ringccl::internals::schedule::Layout;
+    /// let pre = Prescale { scalars: vec![], elems: 4, into: Target::Recv };
+    /// assert_eq!(pre.layout(Layout::OutOfPlace), Layout::SendInRecv { stride: 0 });
+    /// ```
+    pub fn layout(&self, layout: Layout) -> Layout {
+        match self.into {
+            Target::InPlace => layout,
+            Target::Recv => Layout::SendInRecv { stride: 0 },
+            Target::Temp => Layout::OutOfPlace,
+        }
+    }
+
+    /// The pointers the collective runs with after the pre-step (in [`Prescale::layout`]),
+    /// given the validated ones and the temporaries (`temps[i]`: held rank `i`'s, none unless
     /// [`Target::Temp`]).
     ///
     /// ```
-    /// use ringccl::internals::exec::premul::{Target, Prescale};
+    /// use ringccl::internals::exec::premul::{Prescale, Target};
     /// use ringccl::internals::exec::RankPtrs;
-    /// use ringccl::internals::schedule::Layout;
     /// let pre = Prescale { scalars: vec![], elems: 4, into: Target::Recv };
-    /// let (layout, p) = pre.rewrite(Layout::OutOfPlace, &[RankPtrs { send: 0x100, recv: 0x200 }], &[0]);
-    /// assert_eq!(layout, Layout::SendInRecv { stride: 0 });
+    /// let p = pre.rewrite(&[RankPtrs { send: 0x100, recv: 0x200 }], &[]);
     /// assert_eq!((p[0].send, p[0].recv), (0x200, 0x200));
     /// ```
-    pub fn rewrite(&self, layout: Layout, ptrs: &[RankPtrs], temps: &[u64]) -> (Layout, Vec<RankPtrs>) {
+    pub fn rewrite(&self, ptrs: &[RankPtrs], temps: &[u64]) -> Vec<RankPtrs> {
         match self.into {
-            Target::InPlace => (layout, ptrs.to_vec()),
-            Target::Recv => (
-                Layout::SendInRecv { stride: 0 },
-                ptrs.iter().map(|p| RankPtrs { send: p.recv, recv: p.recv }).collect(),
-            ),
-            Target::Temp => (
-                Layout::OutOfPlace,
-                ptrs.iter()
-                    .zip(temps)
-                    .map(|(p, &t)| RankPtrs { send: t, recv: p.recv })
-                    .collect(),
-            ),
+            Target::InPlace => ptrs.to_vec(),
+            Target::Recv => ptrs
+                .iter()
+                .map(|p| RankPtrs {
+                    send: p.recv,
+                    recv: p.recv,
+                })
+                .collect(),
+            Target::Temp => ptrs
+                .iter()
+                .zip(temps)
+                .map(|(p, &t)| RankPtrs {
+                    send: t,
+                    recv: p.recv,
+                })
+                .collect(),
         }
     }
 
@@ -91,9 +109,16 @@ impl<'a> Temps<'a> {
         }
     }
 
-    /// `bytes` on each of `streams` (`cuMemAllocAsync`), `ranks[i]` naming the rank of
-    /// `streams[i]` in errors. On an error those allocated so far are freed.
-    pub fn alloc(streams: Vec<&'a CudaStream>, ranks: &[usize], bytes: usize) -> Result<Self> {
+    /// `bytes` on each of `streams`, from `pools[i]` (`cuMemAllocFromPoolAsync`: the pool the
+    /// communicator granted its peers access to) or, where that is 0, from the device's
+    /// current pool (`cuMemAllocAsync`); `ranks[i]` names the rank of `streams[i]` in errors.
+    /// On an error those allocated so far are freed.
+    pub fn alloc(
+        streams: Vec<&'a CudaStream>,
+        pools: &[usize],
+        ranks: &[usize],
+        bytes: usize,
+    ) -> Result<Self> {
         let mut t = Temps {
             ptrs: Vec::with_capacity(streams.len()),
             streams: Vec::new(),
@@ -104,9 +129,18 @@ impl<'a> Temps<'a> {
                 .bind_to_thread()
                 .map_err(|e| Error::cuda("cuCtxSetCurrent", r, e))?;
             t.streams.push(*s);
-            // SAFETY: a live stream of the bound context; the memory is written by the scale
-            // kernel before anything reads it.
-            match unsafe { result::malloc_async(s.cu_stream(), bytes.max(1)) } {
+            let pool = pools.get(i).copied().unwrap_or(0);
+            // SAFETY: a live stream of the bound context and, if not 0, the live memory pool
+            // of its device (`RankResources::granted_pool`); the memory is written by the
+            // scale kernel before anything reads it.
+            let ptr = unsafe {
+                if pool == 0 {
+                    result::malloc_async(s.cu_stream(), bytes.max(1))
+                } else {
+                    result::mem_pool::alloc_async(pool as sys::CUmemoryPool, bytes.max(1), s.cu_stream())
+                }
+            };
+            match ptr {
                 Ok(p) => t.ptrs.push(p),
                 Err(e) => {
                     t.streams.pop();
@@ -190,17 +224,26 @@ mod tests {
         ];
         let temps = [0x1000, 0x2000];
         let mk = |into| Prescale { scalars: vec![ScaleBy::Immediate(1); 2], elems: 4, into };
-        let (l, p) = mk(Target::Temp).rewrite(Layout::SendInRecv { stride: 0 }, &ptrs, &temps);
-        assert_eq!(l, Layout::OutOfPlace);
-        assert_eq!(p, vec![RankPtrs { send: 0x1000, recv: 0x200 }, RankPtrs { send: 0x2000, recv: 0 }]);
-        assert_eq!(mk(Target::Temp).src_dst(&ptrs[0], 0x1000), (0x100, 0x1000));
-        let (l, p) = mk(Target::Recv).rewrite(Layout::OutOfPlace, &ptrs[..1], &[]);
-        assert_eq!((l, p[0].send, p[0].recv), (IN_PLACE, 0x200, 0x200));
-        assert_eq!(mk(Target::Recv).src_dst(&ptrs[0], 0), (0x100, 0x200));
+        // Reduce-scatter and reduce: the temporaries are the inputs, out of place.
+        let t = mk(Target::Temp);
+        assert_eq!(t.layout(IN_PLACE), Layout::OutOfPlace);
+        assert_eq!(t.layout(Layout::RecvInSend { stride: 4 }), Layout::OutOfPlace);
+        assert_eq!(
+            t.rewrite(&ptrs, &temps),
+            vec![RankPtrs { send: 0x1000, recv: 0x200 }, RankPtrs { send: 0x2000, recv: 0 }]
+        );
+        assert_eq!(t.src_dst(&ptrs[0], 0x1000), (0x100, 0x1000));
+        // Out-of-place all-reduce: scaled into the output, then summed in place there.
+        let r = mk(Target::Recv);
+        assert_eq!(r.layout(Layout::OutOfPlace), IN_PLACE);
+        let p = r.rewrite(&ptrs[..1], &[]);
+        assert_eq!((p[0].send, p[0].recv), (0x200, 0x200));
+        assert_eq!(r.src_dst(&ptrs[0], 0), (0x100, 0x200));
+        // In-place all-reduce: scaled where it is.
         let inp = [RankPtrs { send: 0x500, recv: 0x500 }];
-        let (l, p) = mk(Target::InPlace).rewrite(IN_PLACE, &inp, &[]);
-        assert_eq!((l, p), (IN_PLACE, inp.to_vec()));
-        assert_eq!(mk(Target::InPlace).src_dst(&inp[0], 0), (0x500, 0x500));
+        let i = mk(Target::InPlace);
+        assert_eq!(i.layout(IN_PLACE), IN_PLACE);
+        assert_eq!(i.rewrite(&inp, &[]), inp.to_vec());
+        assert_eq!(i.src_dst(&inp[0], 0), (0x500, 0x500));
     }
-
 }
