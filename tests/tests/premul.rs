@@ -15,9 +15,12 @@
 //! fp8: all-gather, reduce-scatter (sum) and all-reduce (sum) of E4M3 and E5M2, bit-compared
 //! with the same CPU math (every byte pattern with two ranks: saturation and NaN included).
 //!
+//! In one process, a captured CUDA graph of a PreMulSum reduce-scatter and all-reduce with
+//! device scalars is replayed with new scalars written between replays.
+//!
 //! Run on a GPU machine:
-//! * one process, 2+ GPUs: `cargo test -p ringccl-tests --test premul -- --ignored
-//!   --test-threads=1 --nocapture one_process`
+//! * one process, 2+ GPUs (`one_process`, `one_process_captured`): `cargo test -p
+//!   ringccl-tests --test premul -- --ignored --test-threads=1 --nocapture one_process`
 //! * a job of processes (one per GPU, or `RINGCCL_TEST_PROCESSES=N` processes, rank `r` on GPU
 //!   `r % gpus`, under MPS where they share a GPU): `cargo test -p ringccl-tests --test premul
 //!   -- --ignored --test-threads=1 --nocapture across_processes`
@@ -529,6 +532,96 @@ fn one_process() {
         comm.nranks(),
         t0.elapsed().as_secs_f64()
     );
+    assert_eq!(bad, 0, "wrong elements");
+}
+
+/// One process, CUDA-graph capture: a reduce-scatter (its temporaries become the graph's
+/// memory nodes) and an in-place all-reduce with device scalars, captured once and replayed
+/// three times with new scalars written between replays (read when the graph runs).
+#[test]
+#[ignore = "needs 2+ CUDA GPUs"]
+fn one_process_captured() {
+    let comm = Communicator::all().expect("a communicator of every GPU");
+    let n = comm.nranks();
+    assert!(n >= 2, "this test needs 2+ CUDA GPUs");
+    let rk = Ranks::new(&comm);
+    let c = 4096;
+    let mut scal: Vec<CudaSlice<f32>> = (0..n).map(|i| rk.up(i, &[1.0f32])).collect();
+    let scalars: Vec<Scalar<f32>> = scal
+        .iter()
+        .zip(&rk.streams)
+        .map(|(s, st)| Scalar::Device(s.device_ptr(st).0))
+        .collect();
+    // SAFETY: one f32 per rank on its device, alive (in `scal`) until the end of the test,
+    // after the last replay is synchronised.
+    let op = unsafe { Op::pre_mul_sum_scalars(&scalars) };
+    let send = rk.inputs::<f32>(Data::Exact, n * c);
+    let mut recv = rk.garbage::<f32>(c);
+    let mut ar = rk.inputs::<f32>(Data::Exact, c);
+    for s in &rk.streams {
+        s.synchronize().expect("synchronize");
+    }
+    let ctxs: Vec<_> = rk.held.iter().map(|&r| comm.context(r).clone()).collect();
+    let graph = ringccl_tests::capture_one_graph(&ctxs, &rk.streams, || {
+        let mut io: Vec<Io<'_, f32>> = send
+            .iter()
+            .zip(recv.iter_mut())
+            .map(|(s, r)| Io::out_of_place(s, r))
+            .collect();
+        comm.reduce_scatter(&mut io, c, &op, &rk.streams)
+            .map_err(|e| e.to_string())?;
+        drop(io);
+        let mut io: Vec<Io<'_, f32>> = ar.iter_mut().map(Io::in_place).collect();
+        comm.all_reduce(&mut io, c, &op, &rk.streams)
+            .map_err(|e| e.to_string())
+    })
+    .expect("capture");
+    let mut bad = 0;
+    for replay in 0..3 {
+        let factor = |r: usize| 0.5 * (replay + 1) as f64 * (1 + r % 2) as f64;
+        for (i, &r) in rk.held.iter().enumerate() {
+            let st = &rk.streams[i];
+            st.memcpy_htod(&[factor(r) as f32], &mut scal[i])
+                .expect("scalar");
+            let v: Vec<f32> = (0..c).map(|k| input(Data::Exact, r, k)).collect();
+            st.memcpy_htod(&v, &mut ar[i]).expect("input");
+        }
+        for s in &rk.streams {
+            s.synchronize().expect("synchronize");
+        }
+        graph.launch().expect("graph launch");
+        for s in &rk.streams {
+            s.synchronize().expect("replay");
+        }
+        let want = |i: usize| -> f32 {
+            (0..n)
+                .map(|q| f64::from(input::<f32>(Data::Exact, q, i)) * factor(q))
+                .sum::<f64>() as f32
+        };
+        for (i, &r) in rk.held.iter().enumerate() {
+            let what = format!("captured, replay {replay}");
+            bad += check(
+                &format!("{what}: reduce_scatter"),
+                &rk.down(i, &recv[i]),
+                0..c,
+                |k| want(r * c + k),
+            );
+            bad += check(
+                &format!("{what}: all_reduce"),
+                &rk.down(i, &ar[i]),
+                0..c,
+                want,
+            );
+            bad += check(
+                &format!("{what}: input"),
+                &rk.down(i, &send[i]),
+                0..n * c,
+                |k| input::<f32>(Data::Exact, r, k),
+            );
+        }
+    }
+    drop(graph);
+    println!("premul, one process of {n} ranks, captured: 3 replays, {bad} wrong elements");
     assert_eq!(bad, 0, "wrong elements");
 }
 
