@@ -12,6 +12,10 @@
 //!    communicator's per-call handle. The call returns without waiting for the GPUs:
 //!    synchronise the streams before using the results.
 //!
+//! The reducing calls take any `impl Into<`[`Op`]`>`: a [`RedOp`], or a PreMulSum
+//! ([`Op::pre_mul_sum`]), which step 1 resolves (`premul::resolve`) to a sum preceded by a
+//! pre-step that scales each rank's input, enqueued first in step 3 (`premul`).
+//!
 //! A count of 0 is valid and enqueues nothing (the other arguments are still checked). A
 //! communicator of one rank is valid too (a copy, or nothing for an in-place call). Buffer
 //! shapes and in-place layouts are NCCL's (table in [`validate`]).
