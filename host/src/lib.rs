@@ -82,8 +82,6 @@ pub mod sim;
 #[cfg(all(test, not(feature = "internals")))]
 mod sim;
 
-/// `Communicator::split` and `Communicator::shrink`.
-mod comm_split;
 mod config;
 pub mod ddp;
 mod debug;
@@ -102,8 +100,7 @@ pub mod internals {
 
 pub use api::{DeviceSlice, DeviceSliceMut, Io, Op, PeerOp, RawBuf, Scalar, SendRecv};
 pub use bootstrap::{BootstrapFailure, LaunchEnv, UniqueId};
-pub use comm::Communicator;
-pub use comm_split::PendingCommunicator;
+pub use comm::{Communicator, PendingCommunicator};
 pub use config::{Algorithm, Config, DebugLevel, Network};
 pub use driver::device_count;
 pub use dtype::{DataType, DeviceElement, F8E4M3, F8E5M2};

@@ -453,7 +453,7 @@ fn launched_ranks_compute_the_same_id_and_rank_0_hosts_the_rendezvous() {
         .rev()
         .map(|env| {
             let t = thread::spawn(move || {
-                let b = env.join(Duration::from_secs(5))?;
+                let b = Bootstrap::join_env(&env, Duration::from_secs(5))?;
                 b.all_gather(&[env.rank as u8])
             });
             thread::sleep(Duration::from_millis(30));

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ringccl::bootstrap::LaunchEnv;
+use ringccl::bootstrap::{Bootstrap, LaunchEnv};
 
 /// Set by the tests below for the processes they start: `ok`, or `rank1-exits-3`.
 const CHILD: &str = "RINGCCL_BOOTSTRAP_TEST_CHILD";
@@ -23,7 +23,7 @@ fn rank_entry() {
     if mode == "rank1-exits-3" && env.rank == 1 {
         std::process::exit(3);
     }
-    let boot = env.join(Duration::from_secs(3)).unwrap();
+    let boot = Bootstrap::join_env(&env, Duration::from_secs(3)).unwrap();
     let table = boot
         .all_gather(format!("rank {}", env.rank).as_bytes())
         .unwrap();

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("ddp", &["api", "comm", "dtype", "error"]),
     ("nccl", &["api", "bootstrap", "comm", "dtype", "error"]),
-    ("comm_split", &["bootstrap", "comm", "config", "error"]),
     (
         "api",
         &[
@@ -84,7 +83,7 @@ fn root_item(name: &str) -> &str {
         "UniqueId" => "bootstrap",
         "DataType" | "DeviceElement" => "dtype",
         "CollectiveKind" | "UnknownCollective" => "kind",
-        "Communicator" => "comm",
+        "Communicator" | "PendingCommunicator" => "comm",
         "Config" | "Algorithm" | "DebugLevel" | "Network" => "config",
         "Io" | "DeviceSlice" | "DeviceSliceMut" | "RawBuf" | "SendRecv" | "PeerOp" => "api",
         "device_count" => "driver",

@@ -58,9 +58,33 @@ unsafe fn init_rank_inner(
     let device = cuda::current_device()?;
     debug::banner();
     debug::info(|| format!("ncclCommInitRank: rank {rank} of {n} on device {device}"));
+    // SAFETY: checked non-null; the caller's contract.
+    unsafe {
+        start_member(out, blocking, format!("ringccl-init-{rank}"), move || {
+            Communicator::init_rank(n, &id, rank, device).map_err(Fail::from)
+        })
+    }
+}
+
+/// Builds this rank's member of a new communicator (`build`, with a CUDA context kept
+/// current) as the caller asked, and writes its handle to `out`: now (blocking, outside a
+/// group), else in a thread of its own named `thread` (`ncclInProgress` for a non-blocking
+/// config; at `ncclGroupEnd` in a group: several ranks of one world may be initialised from
+/// one thread, as in NCCL). The member's rank is the communicator's first local rank.
+///
+/// # Safety
+///
+/// `out` is valid to write.
+pub(crate) unsafe fn start_member(
+    out: *mut ncclComm_t,
+    blocking: bool,
+    thread: String,
+    build: impl FnOnce() -> Result<Communicator> + Send + 'static,
+) -> Result<()> {
     let job = move || -> Result<Member> {
         let _keep = KeepContext::new();
-        let comm = Communicator::init_rank(n, &id, rank, device).map_err(Fail::from)?;
+        let comm = build()?;
+        let rank = comm.local_ranks().first().copied().unwrap_or(0);
         Ok(Member {
             world: World::new(comm),
             rank,
@@ -69,18 +93,16 @@ unsafe fn init_rank_inner(
     };
     if blocking && group::depth() == 0 {
         let m = job()?;
-        // SAFETY: checked non-null; the caller's contract.
+        // SAFETY: the caller's contract.
         unsafe { out.write(Handle::ready(m)) };
         return Ok(());
     }
-    // Non-blocking, or inside a group (several ranks of one world may be initialised from
-    // one thread, as in NCCL): initialise in a thread of its own.
     let thread = std::thread::Builder::new()
-        .name(format!("ringccl-init-{rank}"))
+        .name(thread)
         .spawn(job)
         .map_err(|e| Fail::new(NCCL_SYSTEM_ERROR, format!("cannot start a thread: {e}")))?;
     let h = Handle::initializing(thread, blocking);
-    // SAFETY: checked non-null; the caller's contract.
+    // SAFETY: the caller's contract.
     unsafe { out.write(h) };
     if blocking {
         group::init_started(Handle::from_ptr(h)?);
@@ -248,13 +270,7 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclR
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclCommFinalize", || {
-        if comm.is_null() {
-            return Ok(());
-        }
-        Handle::from_ptr(comm)?.finalize()
-    })
+    end_comm("ncclCommFinalize", comm, Handle::finalize)
 }
 
 /// `ncclCommDestroy`: releases this rank (the communicator is freed with its last rank, after
@@ -269,13 +285,7 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
-    let _keep = KeepContext::new();
-    guard("ncclCommDestroy", || {
-        if comm.is_null() {
-            return Ok(());
-        }
-        Handle::from_ptr(comm)?.destroy()
-    })
+    end_comm("ncclCommDestroy", comm, Handle::destroy)
 }
 
 /// `ncclCommAbort`: cancels the communicator's pending and future work (ringccl's
@@ -290,12 +300,18 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 /// ```
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    end_comm("ncclCommAbort", comm, Handle::abort)
+}
+
+/// The body of an entry that ends this rank of a communicator (`end`: finalize, destroy or
+/// abort), with a CUDA context kept current; NULL is `ncclSuccess`, as in NCCL.
+fn end_comm(function: &str, comm: ncclComm_t, end: fn(&Handle) -> Result<()>) -> ncclResult_t {
     let _keep = KeepContext::new();
-    guard("ncclCommAbort", || {
+    guard(function, || {
         if comm.is_null() {
             return Ok(());
         }
-        Handle::from_ptr(comm)?.abort()
+        end(Handle::from_ptr(comm)?)
     })
 }
 

@@ -9,11 +9,12 @@ use std::ffi::c_int;
 
 use ringccl::{PendingCommunicator, UniqueId};
 
-use crate::comm::{Handle, Member, World};
+use crate::c_comm::start_member;
+use crate::comm::{Handle, Member};
 use crate::cuda::KeepContext;
 use crate::error::{guard, Fail, Result};
 use crate::types::*;
-use crate::{blocking, group, ncclComm_t};
+use crate::{blocking, ncclComm_t};
 
 /// `NCCL_SPLIT_NOCOLOR`: the rank takes part in the split and gets no communicator.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
@@ -48,34 +49,11 @@ unsafe fn finish(
     blocking: bool,
     newcomm: *mut ncclComm_t,
 ) -> Result<()> {
-    let job = move || -> Result<Member> {
-        let _keep = KeepContext::new();
-        let comm = pending.finish().map_err(Fail::from)?;
-        let rank = comm.local_ranks().first().copied().unwrap_or(0);
-        Ok(Member {
-            world: World::new(comm),
-            rank,
-            index: 0,
-        })
-    };
-    if blocking && group::depth() == 0 {
-        let m = job()?;
-        // SAFETY: the caller's contract.
-        unsafe { newcomm.write(Handle::ready(m)) };
-        return Ok(());
-    }
-    let thread = std::thread::Builder::new()
-        .name("ringccl-split".into())
-        .spawn(job)
-        .map_err(|e| Fail::new(NCCL_SYSTEM_ERROR, format!("cannot start a thread: {e}")))?;
-    let h = Handle::initializing(thread, blocking);
     // SAFETY: the caller's contract.
-    unsafe { newcomm.write(h) };
-    if blocking {
-        group::init_started(Handle::from_ptr(h)?);
-        Ok(())
-    } else {
-        Err(Fail::new(NCCL_IN_PROGRESS, "initialising"))
+    unsafe {
+        start_member(newcomm, blocking, "ringccl-split".into(), move || {
+            pending.finish().map_err(Fail::from)
+        })
     }
 }
 

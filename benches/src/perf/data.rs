@@ -207,25 +207,27 @@ impl Pattern {
 
     /// The reduction over `n` ranks of element `k` for `k` in one period (exact in `f64`).
     pub fn reduced_table(self, op: RedOp, n: usize) -> Vec<f64> {
-        (0..self.period())
-            .map(|k| {
-                let mut acc = self.value(0, k);
-                for r in 1..n {
-                    let v = self.value(r, k);
-                    acc = match op {
-                        RedOp::Sum | RedOp::Avg => acc + v,
-                        RedOp::Prod => acc * v,
-                        RedOp::Min => acc.min(v),
-                        RedOp::Max => acc.max(v),
-                    };
-                }
-                if op == RedOp::Avg {
-                    acc / n.max(1) as f64
-                } else {
-                    acc
-                }
-            })
-            .collect()
+        (0..self.period()).map(|k| self.reduced(op, n, k)).collect()
+    }
+
+    /// The reduction with `op` of element `i` over ranks `0..n` (in rank order, in `f64`; avg
+    /// divides the sum by `n`).
+    pub fn reduced(self, op: RedOp, n: usize, i: usize) -> f64 {
+        let mut acc = self.value(0, i);
+        for r in 1..n {
+            let v = self.value(r, i);
+            acc = match op {
+                RedOp::Sum | RedOp::Avg => acc + v,
+                RedOp::Prod => acc * v,
+                RedOp::Min => acc.min(v),
+                RedOp::Max => acc.max(v),
+            };
+        }
+        if op == RedOp::Avg {
+            acc / n.max(1) as f64
+        } else {
+            acc
+        }
     }
 
     /// The largest partial result any order of the reduction can produce (for the exactness

@@ -236,7 +236,7 @@ impl World {
         let timeout = ringccl::Config::from_env()
             .map_err(|e| e.to_string())?
             .bootstrap_timeout;
-        let mut boot = tool.join(timeout).map_err(|e| {
+        let mut boot = Bootstrap::join_env(&tool, timeout).map_err(|e| {
             format!(
                 "ringccl-perf's rendezvous at {}:{} (ringccl's port + 1): {e}",
                 tool.host, tool.port

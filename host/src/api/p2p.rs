@@ -3,7 +3,8 @@
 //! between `ncclGroupStart` and `ncclGroupEnd`). The one API for both kinds of communicator:
 //! * one process holding every rank: the sends are matched with the receives (the `k`-th send
 //!   from rank `a` to rank `b` with the `k`-th receive on `b` from `a`, equal counts), then run as
-//!   [`Communicator::send_recv`] transfers;
+//!   transfers in rounds (as [`Communicator::send_recv`] describes; `send_recv` itself checks
+//!   its transfers and then makes this call with their sends and receives);
 //! * one rank of a job of processes: this rank's operations, matched by its peers' own calls,
 //!   move through the peers' mapped scratch ([`crate::plan::p2p`], [`crate::exec::p2p`]).
 
@@ -79,6 +80,30 @@ impl<'a, T> PeerOp<'a, T> {
             buf: buf.raw(),
             side: Side::Recv(buf),
         }
+    }
+
+    /// The send and the receive of one validated [`super::SendRecv`] transfer `t`.
+    pub(super) fn transfer(
+        t: P2pArgs,
+        send: &'a dyn DeviceSlice<T>,
+        recv: &'a mut dyn DeviceSliceMut<T>,
+    ) -> [Self; 2] {
+        [
+            PeerOp {
+                rank: t.from,
+                peer: t.to,
+                count: t.count,
+                buf: t.send,
+                side: Side::Send(send),
+            },
+            PeerOp {
+                rank: t.to,
+                peer: t.from,
+                count: t.count,
+                buf: t.recv,
+                side: Side::Recv(recv),
+            },
+        ]
     }
 
     /// The plain description validation works on.

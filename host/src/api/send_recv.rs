@@ -1,11 +1,13 @@
 //! Point-to-point transfers: a group of [`SendRecv`]s enqueued together (like
 //! `ncclSend`/`ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`), validated and split
-//! into rounds in which every rank sends at most once and receives at most once.
+//! into rounds in which every rank sends at most once and receives at most once. Once checked,
+//! a group is the [`Communicator::peer_ops`] group of its sends and receives: one path for both.
 
-use cudarc::driver::{CudaStream, SyncOnDrop};
+use cudarc::driver::CudaStream;
 
 use super::buffer::{DeviceSlice, DeviceSliceMut, RawBuf};
 use super::collective::Need;
+use super::p2p::PeerOp;
 use super::validate::{bytes, check_buf, check_common, Held};
 use super::stream_devices;
 use crate::comm::Communicator;
@@ -237,41 +239,17 @@ impl Communicator {
         if rounds.is_empty() {
             return Ok(());
         }
-        let bufs: Vec<(usize, u64, crate::Arg)> = rounds
-            .iter()
-            .flatten()
-            .flat_map(|&i| {
-                let a = args[i];
-                [(a.from, a.send.ptr, crate::Arg::Send), (a.to, a.recv.ptr, crate::Arg::Recv)]
-            })
+        // Validated as transfers: from here on, the same call as `peer_ops` (each transfer
+        // its send and its receive, matched with each other again there).
+        let mut ops: Vec<PeerOp<'_, T>> = pairs
+            .iter_mut()
+            .flat_map(|p| PeerOp::transfer(p.args, p.send_buf, &mut *p.recv_buf))
             .collect();
-        super::validate::context::check_buffers(
-            &super::validate::context::rank_contexts(self),
-            &bufs,
-            streams,
-        )?;
-        let mut used = vec![false; pairs.len()];
-        for &i in rounds.iter().flatten() {
-            used[i] = true;
-        }
-        self.run_transfers::<T, S, _>(&args, &rounds, streams, |capturing| {
-            pairs
-                .iter_mut()
-                .zip(&used)
-                .filter(|(_, &u)| u && !capturing)
-                .map(|(p, _)| {
-                    let (from, to) = (p.args.from, p.args.to);
-                    [
-                        p.send_buf.track_read(streams[from].as_ref()),
-                        p.recv_buf.track_write(streams[to].as_ref()),
-                    ]
-                })
-                .collect::<Vec<[SyncOnDrop<'_>; 2]>>()
-        })
+        self.peer_ops(&mut ops, streams)
     }
 
-    /// What [`Communicator::send_recv`] and a communicator of one process's
-    /// [`Communicator::peer_ops`] share once the transfers `args` are validated as `rounds`:
+    /// What a communicator of one process's [`Communicator::peer_ops`] (and so
+    /// [`Communicator::send_recv`]) does once the transfers `args` are validated as `rounds`:
     /// the buffers' tracking (`track`, told whether the streams are being captured into a CUDA
     /// graph: then nothing is tracked, see `Tracked` in `api`), then the rounds enqueued.
     pub(crate) fn run_transfers<T: DeviceElement, S: AsRef<CudaStream>, G>(

@@ -208,18 +208,21 @@ impl LaunchEnv {
         }
         Ok(id)
     }
+}
 
-    /// [`LaunchEnv::unique_id`], then [`Bootstrap::join`] as `RANK` of `WORLD_SIZE`.
+impl Bootstrap {
+    /// [`LaunchEnv::unique_id`], then [`Bootstrap::join`] as `env`'s `RANK` of `WORLD_SIZE`.
     ///
     /// ```no_run
     /// use std::time::Duration;
+    /// use ringccl::bootstrap::Bootstrap;
     /// let env = ringccl::LaunchEnv::from_env()?.expect("started by a launcher");
-    /// let boot = env.join(Duration::from_secs(60))?;
+    /// let boot = Bootstrap::join_env(&env, Duration::from_secs(60))?;
     /// let ranks = boot.all_gather(&[env.rank as u8])?;
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn join(&self, timeout: Duration) -> Result<Bootstrap> {
-        Bootstrap::join(&self.unique_id()?, self.world_size, self.rank, timeout)
+    pub fn join_env(env: &LaunchEnv, timeout: Duration) -> Result<Bootstrap> {
+        Bootstrap::join(&env.unique_id()?, env.world_size, env.rank, timeout)
     }
 }
 

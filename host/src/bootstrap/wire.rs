@@ -70,6 +70,15 @@ fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
 }
 
+/// Whether a read or write that failed with `e` is tried again (until the deadline): an
+/// interruption, or the socket's timeout, which is only a slice of the deadline.
+fn again(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
 /// `read_exact` that gives up at `deadline` (`TimedOut`); a closed stream is `UnexpectedEof`.
 pub(super) fn read_exact_by(
     mut s: &TcpStream,
@@ -87,11 +96,7 @@ pub(super) fn read_exact_by(
                 ))
             }
             Ok(n) => buf = &mut buf[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if again(&e) => {}
             Err(e) => return Err(e),
         }
     }
@@ -106,11 +111,7 @@ pub(super) fn write_all_by(mut s: &TcpStream, mut buf: &[u8], deadline: Deadline
         match s.write(buf) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed")),
             Ok(n) => buf = &buf[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if again(&e) => {}
             Err(e) => return Err(e),
         }
     }

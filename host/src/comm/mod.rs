@@ -27,7 +27,11 @@ mod drop;
 mod graphs;
 mod handle;
 mod process;
+/// `Communicator::split` and `Communicator::shrink`.
+mod split;
 mod wait;
+
+pub use split::PendingCommunicator;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};

@@ -120,23 +120,7 @@ mod tests {
         len: usize,
     ) -> Vec<f64> {
         use CollectiveKind as K;
-        let fold = |i: usize| {
-            let mut acc = pat.value(0, i);
-            for q in 1..n {
-                let v = pat.value(q, i);
-                acc = match op {
-                    RedOp::Sum | RedOp::Avg => acc + v,
-                    RedOp::Prod => acc * v,
-                    RedOp::Min => acc.min(v),
-                    RedOp::Max => acc.max(v),
-                };
-            }
-            if op == RedOp::Avg {
-                acc / n as f64
-            } else {
-                acc
-            }
-        };
+        let fold = |i: usize| pat.reduced(op, n, i);
         (0..len)
             .map(|j| match kind {
                 K::AllReduce | K::Reduce => fold(j),
