@@ -19,6 +19,8 @@ pub enum Arg {
     Count,
     /// The list of per-rank arguments itself.
     Ranks,
+    /// The reduction operator (a PreMulSum's scalar: its type, its device address, how many).
+    Op,
 }
 
 /// Everything that can go wrong in ringccl. `Display` says what happened and what to do.

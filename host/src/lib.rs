@@ -98,7 +98,7 @@ pub mod internals {
     pub use crate::{api, comm, driver, exec, plan, resources, schedule, sim, transport};
 }
 
-pub use api::{DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf, SendRecv};
+pub use api::{DeviceSlice, DeviceSliceMut, Io, Op, PeerOp, RawBuf, Scalar, SendRecv};
 pub use bootstrap::{BootstrapFailure, LaunchEnv, UniqueId};
 pub use comm::{Communicator, PendingCommunicator};
 pub use config::{Algorithm, Config, DebugLevel, Network};

@@ -703,8 +703,10 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
 /// refuses (`ncclMaxRedOp`), never left at a built-in: a caller that ignores the return code
 /// gets an error from the collective, not a plain sum.
 ///
-/// Until ringccl's data path runs PreMulSum, a collective given a valid PreMulSum operator
-/// fails with `ncclInvalidUsage` ("PreMulSum collectives are not available in this build").
+/// A reducing collective given the operator (`ncclAllReduce`, `ncclReduceScatter`,
+/// `ncclReduce`) multiplies each rank's input by its scalar, then sums (as NCCL; the caller's
+/// input is left unchanged, except an all-reduce's in-place buffer, which the result
+/// overwrites anyway).
 ///
 /// # Safety
 ///

@@ -22,11 +22,14 @@ use std::sync::Arc;
 
 use ringccl::cudarc::driver::{sys, CudaStream};
 use ringccl::half::{bf16, f16};
-use ringccl::{DataType, DeviceElement, DeviceSlice, DeviceSliceMut, Io, PeerOp, RawBuf};
+use ringccl::{
+    DataType, DeviceElement, DeviceSlice, DeviceSliceMut, Io, Op, PeerOp, RawBuf, Scalar,
+};
 
 use crate::comm::{Member, World};
 use crate::error::{Fail, Result};
 use crate::group;
+use crate::ops::{self, PreMul};
 pub use crate::queue::{CollCall, Kind, P2pCall};
 
 /// Queues a collective call of `m`'s rank; issues every complete set unless inside a group.
@@ -307,13 +310,6 @@ fn issue(world: &World, set: &[CollCall]) -> Result<()> {
     if first.count == 0 {
         return Ok(());
     }
-    if first.premul.is_some() {
-        // Where the PreMulSum host call goes; `ops::premul_for` keeps such calls out today.
-        return Err(Fail::new(
-            crate::types::NCCL_INTERNAL_ERROR,
-            "a PreMulSum collective reached a data path that cannot run it; nothing was run",
-        ));
-    }
     match first.dtype {
         DataType::F32 => issue_typed::<f32>(world, set),
         DataType::F64 => issue_typed::<f64>(world, set),
@@ -353,17 +349,55 @@ fn issue_typed<T: DeviceElement>(world: &World, set: &[CollCall]) -> Result<()> 
             Mode::RecvOnly => Io::recv_only(recv),
         })
         .collect();
+    let op = operator::<T>(set)?;
     let r = match c.kind {
-        Kind::AllReduce => comm.all_reduce(&mut io, c.count, c.op, &streams),
+        Kind::AllReduce => comm.all_reduce(&mut io, c.count, op, &streams),
         Kind::Broadcast => comm.broadcast(&mut io, c.count, c.root, &streams),
-        Kind::Reduce => comm.reduce(&mut io, c.count, c.op, c.root, &streams),
+        Kind::Reduce => comm.reduce(&mut io, c.count, op, c.root, &streams),
         Kind::AllGather => comm.all_gather(&mut io, c.count, &streams),
-        Kind::ReduceScatter => comm.reduce_scatter(&mut io, c.count, c.op, &streams),
+        Kind::ReduceScatter => comm.reduce_scatter(&mut io, c.count, op, &streams),
         Kind::AllToAll => comm.all_to_all(&mut io, c.count, &streams),
         Kind::Gather => comm.gather(&mut io, c.count, c.root, &streams),
         Kind::Scatter => comm.scatter(&mut io, c.count, c.root, &streams),
     };
     r.map_err(Fail::from)
+}
+
+/// The host call's operator for a set of calls: the built-in, or (every rank's call carrying
+/// a PreMulSum, `CollCall::same_as` checked that) a PreMulSum with each rank's scalar as its
+/// operator was created: the host value's bits, or the device address, read when the
+/// collective runs.
+fn operator<T: DeviceElement>(set: &[CollCall]) -> Result<Op> {
+    let premuls: Vec<PreMul> = set.iter().filter_map(|c| c.premul).collect();
+    if premuls.is_empty() {
+        return Ok(set[0].op.into());
+    }
+    if premuls.len() != set.len() || premuls.iter().any(|p| p.dtype != T::DTYPE) {
+        return Err(Fail::new(
+            crate::types::NCCL_INTERNAL_ERROR,
+            "the ranks' PreMulSum operators do not all match the call's datatype; nothing was run",
+        ));
+    }
+    let scalars: Vec<Scalar<T>> = premuls
+        .iter()
+        .map(|p| match p.scalar {
+            ops::Scalar::Host { bits } => Scalar::Host(from_bits::<T>(bits)),
+            ops::Scalar::Device { ptr } => Scalar::Device(ptr),
+        })
+        .collect();
+    // SAFETY: a device scalar is the address `ncclRedOpCreatePreMulSum` was given with
+    // `ncclScalarDevice`: by nccl.h's contract one element of the datatype in the rank's
+    // device memory, valid for as long as the operator is used (read when the call runs).
+    Ok(unsafe { Op::pre_mul_sum_scalars(&scalars) })
+}
+
+/// The element whose bits (little-endian, zero-extended) are `bits`.
+fn from_bits<T: DeviceElement>(bits: u64) -> T {
+    let b = bits.to_le_bytes();
+    debug_assert!(std::mem::size_of::<T>() <= b.len());
+    // SAFETY: every `DeviceElement` is a plain number of at most 8 bytes (floats, integers,
+    // half types, fp8 newtypes) for which any bit pattern is a valid value; `b` holds 8.
+    unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) }
 }
 
 /// Issues queued sends and receives as one ringccl group ([`Communicator::peer_ops`]), in
@@ -484,5 +518,49 @@ mod tests {
         assert_eq!(shape(&s).4, "send");
         let s = slot::<f32>(&call(Kind::AllReduce, 0x2000, 0x2000, 10), 0, 4, 0);
         assert_eq!(shape(&s), (0x2000, 10, 0x2000, 10, "in"));
+    }
+
+    fn premul(scalar: ops::Scalar) -> Option<PreMul> {
+        Some(PreMul {
+            scalar,
+            dtype: DataType::F32,
+            nccl_type: 7,
+        })
+    }
+
+    #[test]
+    fn a_premul_set_becomes_one_operator_with_each_ranks_scalar() {
+        let mut a = call(Kind::AllReduce, 0x100, 0x200, 4);
+        let mut b = a;
+        assert_eq!(
+            operator::<f32>(&[a, b]).unwrap(),
+            ringccl::RedOp::Sum.into()
+        );
+        a.premul = premul(ops::Scalar::Host {
+            bits: u64::from(0.5f32.to_bits()),
+        });
+        b.premul = premul(ops::Scalar::Device { ptr: 0x7000 });
+        // Different scalars are the same collective (each rank has its own, as in NCCL)...
+        assert!(a.same_as(&b));
+        // SAFETY: the operator is compared, never run.
+        let want =
+            unsafe { Op::pre_mul_sum_scalars(&[Scalar::Host(0.5f32), Scalar::Device(0x7000)]) };
+        assert_eq!(operator::<f32>(&[a, b]).unwrap(), want);
+        // ...but a PreMulSum and a plain sum are not.
+        let plain = call(Kind::AllReduce, 0x100, 0x200, 4);
+        assert!(!a.same_as(&plain));
+        assert!(operator::<f32>(&[a, plain]).is_err());
+        // The scalar's type must be the call's.
+        assert!(operator::<f64>(&[a, b]).is_err());
+        assert!(a.describe().contains("premulsum"), "{}", a.describe());
+    }
+
+    #[test]
+    fn host_scalar_bits_become_the_element() {
+        assert_eq!(from_bits::<f32>(u64::from(1.5f32.to_bits())), 1.5);
+        assert_eq!(from_bits::<f64>((-2.0f64).to_bits()), -2.0);
+        assert_eq!(from_bits::<i8>(0xff), -1);
+        assert_eq!(from_bits::<bf16>(0x3f80), bf16::ONE);
+        assert_eq!(from_bits::<ringccl::F8E5M2>(0x3c).to_f32(), 1.0);
     }
 }

@@ -192,31 +192,21 @@ fn unknown(op: ncclRedOp_t) -> String {
 }
 
 /// The PreMulSum operator a reducing collective runs with: `None` for a built-in. This is
-/// the one place where a valid PreMulSum operator meets the host library; until the library
-/// executes PreMulSum it fails here, loudly, with `ncclInvalidUsage`, before anything is
-/// queued. Once it does, this returns `Ok(Some(p))`: the call carries `p` (the queued
-/// call's `premul`) to where the collective is issued, which hands it to the host call.
+/// the one place where a valid PreMulSum operator meets the host library: the call carries
+/// `p` (the queued call's `premul`) to where the collective is issued (`coll::issue`), which
+/// hands it to the host call as a `ringccl::Op` PreMulSum (the host scalar's bits as created,
+/// or the device address, read when the collective runs).
 ///
 /// ```
 /// use ringccl_nccl::ops::{premul_for, PreMul, Resolved, Scalar};
 /// assert_eq!(premul_for(&Resolved::Builtin(ringccl::RedOp::Sum)), Ok(None));
 /// let p = PreMul { scalar: Scalar::Host { bits: 0 }, dtype: ringccl::DataType::F32, nccl_type: 7 };
-/// let e = premul_for(&Resolved::PreMul(p)).unwrap_err();
-/// assert_eq!(e.code, 5); // ncclInvalidUsage
-/// assert!(e.message.contains("PreMulSum collectives are not available in this build"));
+/// assert_eq!(premul_for(&Resolved::PreMul(p)), Ok(Some(p)));
 /// ```
 pub fn premul_for(op: &Resolved) -> Result<Option<PreMul>> {
     match op {
         Resolved::Builtin(_) => Ok(None),
-        Resolved::PreMul(p) => Err(Fail::usage(format!(
-            "PreMulSum collectives are not available in this build (an operator made by \
-             ncclRedOpCreatePreMulSum for {}, scalar {}); nothing was run",
-            p.dtype.name(),
-            match p.scalar {
-                Scalar::Host { .. } => "on the host",
-                Scalar::Device { .. } => "on the device",
-            }
-        ))),
+        Resolved::PreMul(p) => Ok(Some(*p)),
     }
 }
 
@@ -373,11 +363,15 @@ mod tests {
     }
 
     #[test]
-    fn a_valid_premul_fails_loudly_in_one_place() {
-        let e = premul_for(&Resolved::PreMul(half_f32())).unwrap_err();
-        assert_eq!(e.code, types::NCCL_INVALID_USAGE);
-        assert!(e
-            .message
-            .contains("PreMulSum collectives are not available in this build"));
+    fn a_valid_premul_is_carried_to_the_call() {
+        assert_eq!(
+            premul_for(&Resolved::PreMul(half_f32())),
+            Ok(Some(half_f32()))
+        );
+        // SAFETY: nothing is read for a device scalar.
+        let d = unsafe { premul_from_c(0x7000_0000 as *const _, 10, NCCL_SCALAR_DEVICE) };
+        let d = d.unwrap();
+        assert_eq!(d.dtype, DataType::F8E4M3);
+        assert_eq!(premul_for(&Resolved::PreMul(d)), Ok(Some(d)));
     }
 }

@@ -70,7 +70,7 @@ pub struct CollCall {
     /// The operator (`Sum` where there is none, and for PreMulSum).
     pub op: RedOp,
     /// The PreMulSum operator, when the call has one (its factor is applied to every input
-    /// before the sum). `None` in this build: [`crate::ops::premul_for`] refuses them.
+    /// before the sum; [`crate::ops::premul_for`]).
     pub premul: Option<PreMul>,
     /// The root (0 where there is none).
     pub root: usize,
@@ -83,16 +83,27 @@ pub struct CollCall {
 }
 
 impl CollCall {
-    /// Whether two ranks' calls are the same collective.
+    /// Whether two ranks' calls are the same collective. PreMulSum calls match whatever
+    /// their scalars (each rank has its own, as in NCCL).
     pub fn same_as(&self, o: &CollCall) -> bool {
+        let premul = |c: &CollCall| c.premul.map(|p| p.dtype);
         (
             self.kind,
             self.count,
             self.dtype,
             self.op,
-            self.premul,
+            premul(self),
             self.root,
-        ) == (o.kind, o.count, o.dtype, o.op, o.premul, o.root)
+        ) == (o.kind, o.count, o.dtype, o.op, premul(o), o.root)
+    }
+
+    /// The operator's name, for messages (`premulsum` for a PreMulSum).
+    fn op_name(&self) -> &'static str {
+        if self.premul.is_some() {
+            "premulsum"
+        } else {
+            self.op.name()
+        }
     }
 
     /// The call in words, for messages.
@@ -103,7 +114,7 @@ impl CollCall {
                 self.kind.name(),
                 self.count,
                 self.dtype.name(),
-                self.op.name(),
+                self.op_name(),
                 self.root
             )
         } else {
@@ -112,7 +123,7 @@ impl CollCall {
                 self.kind.name(),
                 self.count,
                 self.dtype.name(),
-                self.op.name()
+                self.op_name()
             )
         }
     }

@@ -109,9 +109,9 @@ pub type ncclRedOp_t = c_int;
 /// `ncclScalarResidence_t`.
 pub type ncclScalarResidence_t = c_int;
 
-/// `ncclFloat8e4m3`: an 8-bit float ringccl does not reduce.
+/// `ncclFloat8e4m3`: an 8-bit float (4 exponent bits, 3 mantissa bits; `ringccl::F8E4M3`).
 pub const NCCL_FLOAT8_E4M3: ncclDataType_t = 10;
-/// `ncclFloat8e5m2`: an 8-bit float ringccl does not reduce.
+/// `ncclFloat8e5m2`: an 8-bit float (5 exponent bits, 2 mantissa bits; `ringccl::F8E5M2`).
 pub const NCCL_FLOAT8_E5M2: ncclDataType_t = 11;
 
 /// The ringccl type of an `ncclDataType_t`, or why there is none.
@@ -120,7 +120,8 @@ pub const NCCL_FLOAT8_E5M2: ncclDataType_t = 11;
 /// use ringccl_nccl::types::data_type;
 /// assert_eq!(data_type(7), Ok(ringccl::DataType::F32)); // ncclFloat32
 /// assert_eq!(data_type(9), Ok(ringccl::DataType::BF16)); // ncclBfloat16
-/// assert!(data_type(10).is_err()); // ncclFloat8e4m3
+/// assert_eq!(data_type(10), Ok(ringccl::DataType::F8E4M3)); // ncclFloat8e4m3
+/// assert_eq!(data_type(11), Ok(ringccl::DataType::F8E5M2)); // ncclFloat8e5m2
 /// assert!(data_type(12).is_err());
 /// ```
 pub fn data_type(t: ncclDataType_t) -> Result<DataType, String> {
@@ -135,17 +136,8 @@ pub fn data_type(t: ncclDataType_t) -> Result<DataType, String> {
         7 => DataType::F32,
         8 => DataType::F64,
         9 => DataType::BF16,
-        NCCL_FLOAT8_E4M3 | NCCL_FLOAT8_E5M2 => {
-            return Err(format!(
-                "datatype {t} ({}) is not supported by ringccl: it reduces int8, uint8, int32, \
-                 uint32, int64, uint64, float16, float32, float64 and bfloat16",
-                if t == NCCL_FLOAT8_E4M3 {
-                    "ncclFloat8e4m3"
-                } else {
-                    "ncclFloat8e5m2"
-                }
-            ))
-        }
+        NCCL_FLOAT8_E4M3 => DataType::F8E4M3,
+        NCCL_FLOAT8_E5M2 => DataType::F8E5M2,
         _ => return Err(format!("datatype {t} is not an ncclDataType_t (0..=11)")),
     })
 }
@@ -211,9 +203,11 @@ mod tests {
 
     #[test]
     fn every_type_maps_to_the_same_size() {
-        for t in 0..10 {
+        for t in 0..12 {
             assert_eq!(data_type(t).unwrap().size(), type_size(t), "type {t}");
         }
+        assert_eq!(data_type(NCCL_FLOAT8_E4M3), Ok(DataType::F8E4M3));
+        assert_eq!(data_type(NCCL_FLOAT8_E5M2), Ok(DataType::F8E5M2));
         assert_eq!(type_size(12), 0);
         assert!(data_type(-1).is_err());
     }

@@ -12,6 +12,10 @@
 //!    communicator's per-call handle. The call returns without waiting for the GPUs:
 //!    synchronise the streams before using the results.
 //!
+//! The reducing calls take any `impl Into<`[`Op`]`>`: a [`RedOp`], or a PreMulSum
+//! ([`Op::pre_mul_sum`]), which step 1 resolves (`premul::resolve`) to a sum preceded by a
+//! pre-step that scales each rank's input, enqueued first in step 3 (`premul`).
+//!
 //! A count of 0 is valid and enqueues nothing (the other arguments are still checked). A
 //! communicator of one rank is valid too (a copy, or nothing for an in-place call). Buffer
 //! shapes and in-place layouts are NCCL's (table in [`validate`]).
@@ -23,6 +27,7 @@ pub mod buffer;
 pub mod check;
 pub mod collective;
 pub mod p2p;
+pub mod premul;
 pub mod send_recv;
 #[cfg(test)]
 mod test_util;
@@ -30,6 +35,7 @@ pub mod validate;
 
 pub use buffer::{DeviceSlice, DeviceSliceMut, Io, RawBuf};
 pub use p2p::PeerOp;
+pub use premul::{Op, Scalar};
 pub use send_recv::SendRecv;
 
 use buffer::RankArgs;
@@ -141,26 +147,14 @@ impl Communicator {
         &self,
         c: Collective,
         io: &mut [Io<'_, T>],
-        op: RedOp,
+        op: Op,
         streams: &[S],
     ) -> Result<()> {
-        // 1. Validate (a failed or aborted communicator runs nothing more).
-        let Some(checked) = self.validate_collective(c, io, op, streams)? else {
+        // 1. Validate (a failed or aborted communicator runs nothing more); a PreMulSum
+        // resolves to its pre-step and a sum (`premul::resolve`).
+        let Some((checked, resolved)) = self.validate_collective(c, io, &op, streams)? else {
             return Ok(()); // a count of 0
         };
-        // 2. Choose the plan.
-        let call = CallShape {
-            collective: c,
-            dtype: T::DTYPE,
-            layout: checked.layout,
-        };
-        let plan = self.choose(&call, checked.capture.is_some())?;
-        // 3. Run it (after the last check: all ranks' streams captured into a CUDA graph, or
-        // none).
-        let capturing = checked.capture.is_some();
-        if let Some(capture) = &checked.capture {
-            self.keep_alive_in(capture)?;
-        }
         let ptrs: Vec<RankPtrs> = checked
             .ptrs
             .iter()
@@ -169,15 +163,108 @@ impl Communicator {
                 recv: p.recv,
             })
             .collect();
+        let capturing = checked.capture.is_some();
+        // 2. Choose the plan (for a PreMulSum, of the sum over the scaled inputs, whose layout
+        // the pre-step sets).
+        let layout = resolved
+            .pre
+            .as_ref()
+            .map_or(checked.layout, |pre| pre.layout(checked.layout));
+        let call = CallShape {
+            collective: c,
+            dtype: T::DTYPE,
+            layout,
+        };
+        let plan = self.choose(&call, capturing)?;
+        // 3. Run it (after the last check: all ranks' streams captured into a CUDA graph, or
+        // none).
+        if let Some(capture) = &checked.capture {
+            self.keep_alive_in(capture)?;
+        }
         let track = Tracked::new(io, streams, &checked.ptrs, capturing);
+        // A PreMulSum's pre-step first: every held rank's input scaled (into a temporary freed
+        // on the rank's stream after the call, or into the all-reduce's own buffers).
+        let (ptrs, temps) = match &resolved.pre {
+            None => (ptrs, exec::premul::Temps::none()),
+            Some(pre) => self.prescale::<T, S>(c, pre, &ptrs, streams, &track)?,
+        };
         let args = exec::Args {
             dtype: T::DTYPE,
-            op,
+            op: resolved.op,
             ptrs: &ptrs,
             streams,
             track: &track,
         };
-        exec::run(&plan, self.handle(capturing), &args)
+        let ran = exec::run(&plan, self.handle(capturing), &args);
+        // The temporaries (if any) go after the call, in stream order.
+        let freed = temps.free();
+        ran.and(freed)
+    }
+
+    /// The pre-step of a PreMulSum collective (step 3, before the sum): scales each held
+    /// rank's input on its stream ([`premul`]), inside cudarc's tracking of its buffers;
+    /// returns the pointers the sum runs on and the temporaries to free after it.
+    fn prescale<'s, T: DeviceElement, S: AsRef<CudaStream>>(
+        &self,
+        c: Collective,
+        pre: &exec::premul::Prescale,
+        ptrs: &[RankPtrs],
+        streams: &'s [S],
+        track: &dyn exec::Track,
+    ) -> Result<(Vec<RankPtrs>, exec::premul::Temps<'s>)> {
+        let ranks = self.local_ranks();
+        let temps = if pre.into == exec::premul::Target::Temp {
+            let bytes = pre.elems.saturating_mul(T::DTYPE.size());
+            let pools: Vec<usize> = ranks.iter().map(|&r| self.resources(r).granted_pool).collect();
+            exec::premul::Temps::alloc(streams.iter().map(AsRef::as_ref).collect(), &pools, ranks, bytes)?
+        } else {
+            exec::premul::Temps::none()
+        };
+        report!(
+            self.config().debug,
+            Info,
+            "{} {} count {}: PreMulSum pre-step: {} elements per rank scaled by {:?} into {:?}, \
+             then a sum",
+            c.name(),
+            T::DTYPE.name(),
+            c.count(),
+            pre.elems,
+            pre.scalars,
+            pre.into,
+        );
+        for (i, (&rank, p)) in ranks.iter().zip(ptrs).enumerate() {
+            let (Some(stream), Some(&scalar)) = (streams.get(i), pre.scalars.get(i)) else {
+                return Err(crate::Error::Internal {
+                    reason: format!("no stream or scalar for rank {rank}'s PreMulSum"),
+                });
+            };
+            let (src, dst) = pre.src_dst(p, temps.ptrs().get(i).copied().unwrap_or(0));
+            let res = self.resources(rank);
+            let cap = res.caps.for_traffic(crate::plan::tuning::Traffic::Local);
+            track.rank(i, &|| {
+                res.ctx
+                    .bind_to_thread()
+                    .map_err(|e| crate::Error::cuda("cuCtxSetCurrent", Some(rank), e))?;
+                // SAFETY: `src` is the rank's validated send buffer of at least `elems`
+                // elements; `dst` its validated receive buffer (all-reduce: `count` elements,
+                // or the send buffer itself in place) or its temporary of `elems` elements,
+                // alive until freed on this stream after the call; a device scalar was
+                // promised readable until the call has run (`Op::pre_mul_sum_scalars`).
+                unsafe {
+                    exec::premul::scale(
+                        &res.kernels,
+                        stream.as_ref(),
+                        T::DTYPE,
+                        src,
+                        dst,
+                        pre.elems,
+                        scalar,
+                        cap,
+                    )
+                }
+            })?;
+        }
+        Ok((pre.rewrite(ptrs, temps.ptrs()), temps))
     }
 
     /// Step 1 of a collective: checks the call against what this communicator holds (and, in
@@ -187,9 +274,9 @@ impl Communicator {
         &self,
         c: Collective,
         io: &[Io<'_, T>],
-        op: RedOp,
+        op: &Op,
         streams: &[S],
-    ) -> Result<Option<Checked>> {
+    ) -> Result<Option<(Checked, premul::Resolved)>> {
         self.health().check()?;
         let size = T::DTYPE.size();
         let devices = self.devices();
@@ -204,14 +291,18 @@ impl Communicator {
                 };
                 let checked = validate_held(c, &args, &held, &stream_devices(streams), size)?;
                 if self.config().check_calls {
-                    // Before the count-0 return: every rank takes part in the exchange.
-                    let op = c.kind().has_op().then_some(op);
+                    // Before the count-0 return: every rank takes part in the exchange. A
+                    // PreMulSum compares as a sum (each rank's scalar is its own).
+                    let op = c.kind().has_op().then(|| op.builtin().unwrap_or(RedOp::Sum));
                     let sig = check::CallSig::collective(c.name(), T::DTYPE, op, c.count(), c.root());
                     check::compare(p.rank, &p.boot.all_gather(&sig.encode())?)?;
                 }
                 checked
             }
         };
+        let nranks = self.nranks();
+        let resolved =
+            premul::resolve(op, c, T::DTYPE, checked.layout, nranks, self.local_ranks().len())?;
         if c.count() == 0 {
             return Ok(None);
         }
@@ -224,11 +315,14 @@ impl Communicator {
         // before anything is enqueued). In a job of processes only the one-shot and two-shot
         // kernels can be captured: the choice refuses the rest (`plan::call::capture_limit`).
         let capture = exec::capture(streams)?;
-        Ok(Some(Checked {
-            ptrs: checked.ptrs,
-            layout: checked.layout,
-            capture,
-        }))
+        Ok(Some((
+            Checked {
+                ptrs: checked.ptrs,
+                layout: checked.layout,
+                capture,
+            },
+            resolved,
+        )))
     }
 
     /// Step 2: [`plan::call::choose`] on this communicator's view, reported at
@@ -321,10 +415,10 @@ impl Communicator {
         &self,
         io: &mut [Io<'_, T>],
         count: usize,
-        op: RedOp,
+        op: impl Into<Op>,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::AllReduce { count }, io, op, streams)
+        self.collective(Collective::AllReduce { count }, io, op.into(), streams)
     }
 
     /// Reduce-scatter: rank `r`'s output (`recvcount` elements) gets block `r` of the reduction
@@ -345,10 +439,10 @@ impl Communicator {
         &self,
         io: &mut [Io<'_, T>],
         recvcount: usize,
-        op: RedOp,
+        op: impl Into<Op>,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::ReduceScatter { recvcount }, io, op, streams)
+        self.collective(Collective::ReduceScatter { recvcount }, io, op.into(), streams)
     }
 
     /// All-gather: every rank's output (`nranks * sendcount` elements) gets every rank's input
@@ -371,7 +465,7 @@ impl Communicator {
         sendcount: usize,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::AllGather { sendcount }, io, RedOp::Sum, streams)
+        self.collective(Collective::AllGather { sendcount }, io, RedOp::Sum.into(), streams)
     }
 
     /// Broadcast: every rank's output gets the root's `count` input elements. The root gives
@@ -398,7 +492,7 @@ impl Communicator {
         self.collective(
             Collective::Broadcast { count, root },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }
@@ -420,11 +514,11 @@ impl Communicator {
         &self,
         io: &mut [Io<'_, T>],
         count: usize,
-        op: RedOp,
+        op: impl Into<Op>,
         root: usize,
         streams: &[S],
     ) -> Result<()> {
-        self.collective(Collective::Reduce { count, root }, io, op, streams)
+        self.collective(Collective::Reduce { count, root }, io, op.into(), streams)
     }
 
     /// All-to-all: block `j` (`count_per_peer` elements) of rank `i`'s input goes to block `i`
@@ -451,7 +545,7 @@ impl Communicator {
         self.collective(
             Collective::AllToAll { count_per_peer },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }
@@ -482,7 +576,7 @@ impl Communicator {
         self.collective(
             Collective::Gather { sendcount, root },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }
@@ -513,7 +607,7 @@ impl Communicator {
         self.collective(
             Collective::Scatter { recvcount, root },
             io,
-            RedOp::Sum,
+            RedOp::Sum.into(),
             streams,
         )
     }

@@ -43,6 +43,7 @@ pub mod hybrid;
 pub mod oneshot;
 pub mod net;
 pub mod p2p;
+pub mod premul;
 pub mod process;
 pub mod ring;
 mod run;

@@ -119,6 +119,13 @@ static double reduce_ref(int op, size_t i) {
   }
   return op == ncclAvg ? acc / nranks : acc;
 }
+/* PreMulSum's result: the sum over ranks of input(r, i) times rank r's factor (0.5 on every
+ * rank, or r + 1 with `dev`): exact in float for these small integers. */
+static double pm_ref(int dev, size_t i) {
+  double acc = 0;
+  for (int q = 0; q < nranks; q++) acc += input(q, i) * (dev ? q + 1 : 0.5);
+  return acc;
+}
 static const char *opname[] = {"sum", "prod", "max", "min", "avg"};
 
 /* Device buffers per local rank, with host mirrors. */
@@ -450,22 +457,79 @@ int main(int argc, char **argv) {
   GROUP(NCCL(ncclAllReduce(dsend[l], drecv[l], 0, ncclFloat32, ncclSum, comms[l], streams[l])));
   /* argument errors on a live communicator */
   checks += 4;
-  if (ncclAllReduce(dsend[0], drecv[0], 4, ncclFloat8e4m3, ncclSum, comms[0], streams[0]) != ncclInvalidArgument) failures++;
+  if (ncclAllReduce(dsend[0], drecv[0], 4, (ncclDataType_t)12, ncclSum, comms[0], streams[0]) != ncclInvalidArgument) failures++;
   if (ncclAllReduce(dsend[0], drecv[0], 4, ncclFloat32, (ncclRedOp_t)7, comms[0], streams[0]) != ncclInvalidArgument) failures++;
   if (ncclBroadcast(dsend[0], drecv[0], 4, ncclFloat32, nranks, comms[0], streams[0]) != ncclInvalidArgument) failures++;
   if (ncclAllReduce(NULL, drecv[0], 4, ncclFloat32, ncclSum, comms[0], streams[0]) != ncclInvalidArgument) failures++;
-  /* PreMulSum operators on a live communicator: created, checked by type, refused by the
-   * data path until it runs them (ncclInvalidUsage, never a plain sum), destroyed, then
-   * refused everywhere. A failed create writes ncclMaxRedOp, which collectives refuse. */
+  /* PreMulSum operators on a live communicator: each rank's input times its factor, summed
+   * (host factor 0.5 on every rank; device factor rank + 1, read when the call runs), for
+   * all-reduce in and out of place, reduce-scatter and reduce. Then: checked by type,
+   * destroyed, refused everywhere. A failed create writes ncclMaxRedOp, which collectives
+   * refuse. */
+  {
+    const size_t C = 1000;
+    float hf = 0.5f;
+    ncclRedOp_t hop[MAXR], dop[MAXR];
+    void *dscal[MAXR];
+    for (int l = 0; l < nlocal; l++) {
+      float f = (float)(ranks[l] + 1);
+      CUDA(cudaSetDevice(devs[l]));
+      CUDA(cudaMalloc(&dscal[l], sizeof(float)));
+      CUDA(cudaMemcpy(dscal[l], &f, sizeof f, cudaMemcpyHostToDevice));
+      NCCL(ncclRedOpCreatePreMulSum(&hop[l], &hf, ncclFloat32, ncclScalarHostImmediate, comms[l]));
+      NCCL(ncclRedOpCreatePreMulSum(&dop[l], dscal[l], ncclFloat32, ncclScalarDevice, comms[l]));
+    }
+    for (int dev = 0; dev < 2; dev++) {
+      for (int inplace = 0; inplace < 2; inplace++) {
+        for (int l = 0; l < nlocal; l++) {
+          fill(l, dsend[l], C, 7, ranks[l]);
+          fill(l, drecv[l], C, 7, -1);
+        }
+        GROUP(NCCL(ncclAllReduce(dsend[l], inplace ? dsend[l] : drecv[l], C, ncclFloat32, dev ? dop[l] : hop[l], comms[l], streams[l])));
+        char what[96];
+        snprintf(what, sizeof what, "premulsum (%s factor) all_reduce %s", dev ? "device" : "host", inplace ? "in-place" : "out-of-place");
+        for (int l = 0; l < nlocal; l++) {
+          fetch(l, inplace ? dsend[l] : drecv[l], C, 7);
+          for (size_t i = 0; i < C; i++) expect(what, 7, l, i, get(host, i, 7), pm_ref(dev, i));
+        }
+      }
+      /* reduce_scatter in place: the input is not scaled in the caller's memory (only the
+       * rank's own block is written) */
+      for (int l = 0; l < nlocal; l++) fill(l, dsend[l], (size_t)nranks * C, 7, ranks[l]);
+      GROUP(NCCL(ncclReduceScatter(dsend[l], (char *)dsend[l] + (size_t)r * C * 4, C, ncclFloat32, dev ? dop[l] : hop[l], comms[l], streams[l])));
+      for (int l = 0; l < nlocal; l++) {
+        fetch(l, dsend[l], (size_t)nranks * C, 7);
+        for (int p = 0; p < nranks; p++)
+          for (size_t i = 0; i < C; i++) {
+            size_t e = (size_t)p * C + i;
+            expect("premulsum reduce_scatter in-place", 7, l, e, get(host, e, 7), p == ranks[l] ? pm_ref(dev, e) : input(ranks[l], e));
+          }
+      }
+      for (int l = 0; l < nlocal; l++) {
+        fill(l, dsend[l], C, 7, ranks[l]);
+        fill(l, drecv[l], C, 7, -1);
+      }
+      GROUP(NCCL(ncclReduce(dsend[l], drecv[l], C, ncclFloat32, dev ? dop[l] : hop[l], 0, comms[l], streams[l])));
+      for (int l = 0; l < nlocal; l++) {
+        fetch(l, ranks[l] == 0 ? drecv[l] : dsend[l], C, 7);
+        for (size_t i = 0; i < C; i++)
+          expect("premulsum reduce", 7, l, i, get(host, i, 7), ranks[l] == 0 ? pm_ref(dev, i) : input(ranks[l], i));
+      }
+    }
+    for (int l = 0; l < nlocal; l++) {
+      NCCL(ncclRedOpDestroy(hop[l], comms[l]));
+      NCCL(ncclRedOpDestroy(dop[l], comms[l]));
+      CUDA(cudaSetDevice(devs[l]));
+      CUDA(cudaFree(dscal[l]));
+    }
+  }
   {
     float half = 0.5f;
     ncclRedOp_t op = ncclSum, op2 = ncclSum, bad = ncclSum;
-    checks += 12;
+    checks += 10;
     if (ncclRedOpCreatePreMulSum(&op, &half, ncclFloat32, ncclScalarHostImmediate, comms[0]) != ncclSuccess) failures++;
     if (op < ncclNumOps) failures++;
     if (ncclRedOpCreatePreMulSum(&op2, dsend[0], ncclFloat32, ncclScalarDevice, comms[0]) != ncclSuccess || op2 == op) failures++;
-    if (ncclAllReduce(dsend[0], drecv[0], 4, ncclFloat32, op, comms[0], streams[0]) != ncclInvalidUsage) failures++;
-    if (strstr(ncclGetLastError(comms[0]), "PreMulSum collectives are not available in this build") == NULL) failures++;
     if (ncclAllReduce(dsend[0], drecv[0], 4, ncclBfloat16, op, comms[0], streams[0]) != ncclInvalidArgument) failures++;
     if (ncclRedOpCreatePreMulSum(&bad, &half, (ncclDataType_t)99, ncclScalarHostImmediate, comms[0]) != ncclInvalidArgument || bad != ncclMaxRedOp) failures++;
     if (ncclReduceScatter(dsend[0], drecv[0], 4, ncclFloat32, bad, comms[0], streams[0]) != ncclInvalidArgument) failures++;
