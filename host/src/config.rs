@@ -22,7 +22,7 @@
 //! | `RINGCCL_NET` | [`net`](Config::net) | `off` | `ucx`: in a job of processes, ranks on other machines are reached through the network transport (UCX, loaded at run time); ranks of one machine keep CUDA IPC, and all-reduce, all-gather and broadcast become hierarchical where every machine holds the same number of ranks (with `RINGCCL_P2P_DISABLE=1`, every pair goes through UCX) |
 //! | `RINGCCL_HOST_ID` | [`host_id`](Config::host_id) | the machine's boot id | which machine this rank counts as on: ranks with the same id share CUDA IPC, others are reached over the network. Lets the ranks of one machine stand for several machines (testing the network and hierarchical paths), like `NCCL_HOSTID` |
 //! | `RINGCCL_NET_LANES` | [`net_lanes`](Config::net_lanes) | 4 | lanes of the network proxy: threads, each with its own UCX worker and connections, that carry a pair's chunks in turn (1 to 16; the same on every rank) |
-//! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `0` | `1`: a communicator of several GPUs in one process keeps a host thread per GPU that issues its rank's part of a small eager all-reduce while the caller's thread issues rank 0's (slower than one thread on 2 × H200: off by default, `docs/perf/README.md`) |
+//! | `RINGCCL_RANK_THREADS` | [`rank_threads`](Config::rank_threads) | `0` | `1`: a communicator of several GPUs in one process keeps a host thread per GPU that issues its rank's part of a small eager all-reduce while the caller's thread issues rank 0's (slower than one thread on 2 × H200: off by default, `docs/PERFORMANCE.md`) |
 //! | `RINGCCL_DEBUG` | [`debug`](Config::debug) | `off` | `warn`, `info` or `trace`: what ringccl reports on stderr (see [`DebugLevel`]) |
 //!
 //! Numbers accept an optional `K`, `M` or `G` suffix (powers of 1024) where they are bytes. The
@@ -37,7 +37,7 @@ use crate::{Error, Result};
 pub const DEFAULT_ONESHOT_MAX_BYTES: usize = 256 * 1024;
 /// Default of [`Config::oneshot_max_bytes_graph`]: on 2 × H200, replays of a captured ring
 /// all-reduce beat the one-shot kernel from 64 KiB (f32, out of place / in place: 6.9 / 7.0 µs
-/// against 7.7 / 9.3 at 64 KiB, 6.4 / 9.0 against 10.2 / 13.1 at 128 KiB; `docs/perf/README.md`),
+/// against 7.7 / 9.3 at 64 KiB, 6.4 / 9.0 against 10.2 / 13.1 at 128 KiB; `docs/PERFORMANCE.md`),
 /// while eager calls, where the ring's extra launches cost host time, keep one-shot to 256 KiB.
 pub const DEFAULT_ONESHOT_MAX_BYTES_GRAPH: usize = 32 * 1024;
 /// Default of [`Config::twoshot_max_bytes`].
@@ -205,16 +205,16 @@ pub struct Config {
     pub twoshot_max_bytes: usize,
     /// All-reduces of at least this many bytes per rank run on the copy engines
     /// ([`Algorithm::CopyEngine`], when they can), or `None` for never unless forced. The
-    /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/perf/README.md`).
+    /// default, 128 MiB, is where they overtook the SM ring on 2 × H200 (`docs/PERFORMANCE.md`).
     pub ce_min_bytes: Option<usize>,
     /// All-gathers and all-to-alls of at least this many bytes (the larger of a rank's
     /// buffers) run on the copy engines (when they can), or `None` for never unless forced.
     /// The default, 16 MiB, is where both beat the SM ring on 2 × H200 (all-gather +13 %,
-    /// all-to-all +8 % at 16 MiB; the ring ahead at 8 MiB: `docs/perf/README.md`).
+    /// all-to-all +8 % at 16 MiB; the ring ahead at 8 MiB: `docs/PERFORMANCE.md`).
     pub ce_copies_min_bytes: Option<usize>,
     /// The same for broadcasts. The default, 256 KiB, is the smallest size measured: on 2 ×
     /// H200 the copy engines beat the SM ring at every size from 256 KiB to 64 MiB (1.05 – 1.8 ×,
-    /// `docs/perf/README.md`).
+    /// `docs/PERFORMANCE.md`).
     pub ce_broadcast_min_bytes: Option<usize>,
     /// In a job of processes, check before each call that every rank makes the same call
     /// (same collective, type, op, count and root; point-to-point sends and receives that pair
@@ -228,7 +228,7 @@ pub struct Config {
     /// Most blocks of a step that reads and writes a peer's memory, or `None` for one per SM
     /// of the GPU: the 2-rank all-reduce's reduce-copy (peer input in, result out to the peer)
     /// reached 314 / 330 / 340 GB/s at 1 GiB on 2 × H200 (132 SMs) with 32 / 64 / 132 blocks
-    /// (`docs/perf/README.md`).
+    /// (`docs/PERFORMANCE.md`).
     pub peer_duplex_blocks: Option<u32>,
     /// How long the ranks of a job of processes wait for each other to join (and for each
     /// exchange of communication buffers) before giving up with an error.

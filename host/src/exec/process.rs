@@ -482,7 +482,7 @@ pub(crate) fn execute_oneshot(
 /// Largest one-shot all-reduce among processes whose kernel copies the input into the scratch
 /// itself (one launch fewer); above it the driver's copy, on many more SMs, runs first. On one
 /// H200 with two processes under MPS, the one-block copy made a 256 KiB call 22.5 µs against
-/// 18.8 µs with the driver's (`docs/perf/README.md`).
+/// 18.8 µs with the driver's (`docs/PERFORMANCE.md`).
 pub const STAGE_IN_KERNEL_MAX_BYTES: usize = 64 << 10;
 
 pub use crate::plan::call::{scratch_for, twoshot_out_offset};

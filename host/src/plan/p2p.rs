@@ -16,7 +16,7 @@
 //! chunk per round trip, and the slots beyond `A + 1` let a sender run ahead of the receiver's
 //! credits (a receiver consumes chunk `c` only in round `c + A`);
 //! between GPUs of one machine ([`IPC_SLOTS`]) every step runs on one stream anyway, so fewer,
-//! larger chunks win (measured on 2 × H200, see `docs/perf/README.md`).
+//! larger chunks win (measured on 2 × H200, see `docs/PERFORMANCE.md`).
 //!
 //! The sends from `s` to `d` in one group are one byte stream (in the order given), and so are
 //! the receives on `d` from `s`: the `i`-th byte sent is the `i`-th byte received, and the totals
