@@ -2,7 +2,7 @@
 # The wheel with PyTorch on a machine with GPUs: torch.distributed through the *installed*
 # wheel, no LD_PRELOAD typed by hand.
 #   python/gpu_check.sh WHEEL OUT     (NPROC=2 by default; one GPU needs the MPS daemon)
-# A virtual environment that sees the system's torch (--system-site-packages) gets the wheel;
+# The wheel is installed into a folder on PYTHONPATH, beside the interpreter that has torch;
 # then, each under a timeout:
 #  1. import order: `import ringccl.torch; import torch` passes ringccl.torch.check() (torch
 #     bound to ringccl: no other libnccl mapped, torch.cuda.nccl.version() is ringccl's);
@@ -17,11 +17,13 @@ OUT=$(realpath -m "${2:?output directory}")
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NPROC=${NPROC:-2}
 mkdir -p "$OUT"
-VENV=$OUT/venv
-rm -rf "$VENV"
-python3 -m venv --system-site-packages "$VENV"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps "$WHEEL" || exit 1
-PY=$VENV/bin/python
+# The wheel goes into a folder of its own on PYTHONPATH, beside the interpreter that has torch
+# (a virtual environment made from an interpreter that is itself one does not see its packages).
+SITE=$OUT/site
+rm -rf "$SITE"
+python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+PY=python3
 TC=$HERE/nccl-abi/scripts/torch_check.py
 FAILED=0
 step() { # name timeout cmd...
@@ -51,7 +53,7 @@ else:
 '
 step torch-via-import 120 "$PY" -m torch.distributed.run --nproc-per-node "$NPROC" --master-port 29631 \
   "$HERE/python/tests/torch_via_import.py" "$TC" --out "$OUT/torch/import"
-step torch-via-ringccl-torchrun 120 env PATH="$VENV/bin:$PATH" "$VENV/bin/ringccl-torchrun" \
+step torch-via-ringccl-torchrun 120 env PATH="$SITE/bin:$PATH" "$SITE/bin/ringccl-torchrun" \
   --nproc-per-node "$NPROC" --master-port 29641 "$TC" --out "$OUT/torch/torchrun"
 grep -h -E "^library|ringccl.torch.check|^\[rank" "$OUT"/torch-*.log | sort -u | head -20
 exit $((FAILED > 0))
