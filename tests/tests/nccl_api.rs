@@ -131,7 +131,9 @@ fn every_call(comm: &Comm, stream: &Arc<CudaStream>) {
         });
     }
 
-    // A ring shift in a group; the send buffer is dropped while the calls are queued.
+    // A ring shift in a group. The send buffer lives until the group has ended: the driver
+    // refuses a copy from memory whose stream-ordered free was already requested (see
+    // `ringccl::nccl`'s module docs), as NCCL requires the buffers of a group to outlive it.
     let (next, prev) = (((r + 1) % n) as i32, ((r + n - 1) % n) as i32);
     let mut from_prev = stream.alloc_zeros::<f32>(c).unwrap();
     {
@@ -139,8 +141,8 @@ fn every_call(comm: &Comm, stream: &Arc<CudaStream>) {
         group_start().unwrap();
         comm.send(&s, next).unwrap();
         comm.recv(&mut from_prev, prev).unwrap();
-        drop(s);
         group_end().unwrap();
+        drop(s);
     }
     check(
         "send/recv in a group",

@@ -35,7 +35,11 @@
 //! A queued call returns `Ok` before its work is enqueued. Its buffers are held by a gate
 //! ([`gate`]): every later cudarc-tracked use of them — a copy, another stream's kernel, the
 //! free of a dropped `CudaSlice` — waits until the call has run, so dropping or reusing them
-//! early is safe. (This needs cudarc's event tracking, on by default; a queued call of buffers
+//! early never lets the call touch memory in use by something else. But the driver refuses a
+//! copy from or to memory whose stream-ordered free was already requested: on one H200
+//! (2026-12-01) a group's send whose buffer was dropped before `group_end` failed there with
+//! `ncclUnhandledCudaError` (`cuMemcpyDtoDAsync`: `CUDA_ERROR_INVALID_VALUE`). Keep a queued
+//! call's buffers alive until the group has ended (as NCCL requires). (This needs cudarc's event tracking, on by default; a queued call of buffers
 //! allocated with it disabled fails with `ncclInvalidUsage`.) Once issued, the call runs on a
 //! stream of ringccl's that first waits for the caller's stream as it was at the call, and the
 //! caller's stream then waits for it. Two consequences, as with NCCL's kernels that wait for
