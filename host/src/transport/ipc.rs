@@ -480,6 +480,7 @@ impl Windows {
     }
 
     /// Whether a CUDA graph captured a call that uses the scratch.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn captured(&self) -> bool {
         self.captured
     }
