@@ -15,6 +15,8 @@
 //! # Ok::<(), ringccl_tests::Error>(())
 //! ```
 
+pub mod jobs;
+
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use gpu_kernels::entry::{EntryKind, EntryPoint, ENTRY_POINTS};
 use std::collections::HashMap;

@@ -10,7 +10,6 @@
 //! Run on a GPU machine: `cargo test -p ringccl-tests --test multi_process -- --include-ignored
 //! --test-threads=1 --nocapture`.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -495,50 +494,16 @@ fn rank_of_a_job() {
 /// id, rank and size in their environment, plus `env`), and fails unless every rank passes
 /// within `limit` (a rank still running then is killed).
 fn run_ranks(test: &str, n: usize, env: &[(&str, &str)], limit: Duration) {
-    let id = UniqueId::new().expect("a unique id");
-    let exe = std::env::current_exe().expect("this test binary");
-    let mut children: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    test,
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(ENV_ID, id.to_string())
-                .env(ENV_RANK, r.to_string())
-                .env(ENV_NRANKS, n.to_string())
-                .envs(env.iter().copied())
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
-        .collect();
-    let deadline = Instant::now() + limit;
-    let mut status = vec![None; n];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (r, child) in children.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = child.try_wait().expect("wait for a rank");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (r, child) in children.iter_mut().enumerate() {
-        if status[r].is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-    for (r, s) in status.iter().enumerate() {
-        match s {
-            Some(s) if s.success() => {}
-            Some(s) => panic!("rank {r} failed: {s}"),
-            None => panic!("rank {r} did not finish within {limit:?}"),
-        }
-    }
+    let id = UniqueId::new().expect("a unique id").to_string();
+    ringccl_tests::jobs::run_ranks(test, n, limit, |r| {
+        let mut vars = vec![
+            (ENV_ID.to_string(), id.clone()),
+            (ENV_RANK.to_string(), r.to_string()),
+            (ENV_NRANKS.to_string(), n.to_string()),
+        ];
+        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        vars
+    });
 }
 
 /// The ranks' processes of a job of every visible GPU (at most 8), each running
@@ -549,10 +514,7 @@ fn run_ranks(test: &str, n: usize, env: &[(&str, &str)], limit: Duration) {
 #[ignore = "needs 2+ CUDA GPUs (or RINGCCL_TEST_PROCESSES and MPS)"]
 fn every_collective_across_processes() {
     let ctx = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
-    let n = match std::env::var("RINGCCL_TEST_PROCESSES") {
-        Ok(v) => v.parse().expect("RINGCCL_TEST_PROCESSES: a process count"),
-        Err(_) => (ctx as usize).min(8),
-    };
+    let n = ringccl_tests::jobs::job_size((ctx as usize).min(8));
     assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
     run_ranks("rank_of_a_job", n, &[], Duration::from_secs(240));
     println!("{n} processes: every rank passed");

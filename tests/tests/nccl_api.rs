@@ -12,9 +12,8 @@
 //! Run: `cargo test -p ringccl-tests --test nccl_api -- --include-ignored --test-threads=1
 //! --nocapture`.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use ringccl::nccl::result::ncclResult_t;
@@ -210,47 +209,14 @@ fn nccl_rank_of_a_job() {
 fn nccl_job_of_processes() {
     let n = 2;
     let id = Id::new().unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut children: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "nccl_rank_of_a_job",
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                ])
-                .env(ENV_ID, hex(&id))
-                .env(ENV_RANK, r.to_string())
-                .env(ENV_NRANKS, n.to_string())
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let mut status = vec![None; n];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (r, child) in children.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = child.try_wait().unwrap();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (r, child) in children.iter_mut().enumerate() {
-        if status[r].is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-    for (r, s) in status.iter().enumerate() {
-        match s {
-            Some(s) if s.success() => {}
-            Some(s) => panic!("rank {r} failed: {s}"),
-            None => panic!("rank {r} did not finish in time"),
-        }
-    }
+    let id = hex(&id);
+    ringccl_tests::jobs::run_ranks("nccl_rank_of_a_job", n, Duration::from_secs(240), |r| {
+        vec![
+            (ENV_ID.to_string(), id.clone()),
+            (ENV_RANK.to_string(), r.to_string()),
+            (ENV_NRANKS.to_string(), n.to_string()),
+        ]
+    });
 }
 
 /// `Comm::from_devices` over every GPU, driven from one thread.

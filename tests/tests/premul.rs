@@ -25,7 +25,6 @@
 //!   `r % gpus`, under MPS where they share a GPU): `cargo test -p ringccl-tests --test premul
 //!   -- --ignored --test-threads=1 --nocapture across_processes`
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -672,54 +671,15 @@ fn premul_rank_of_a_job() {
 #[ignore = "needs 2+ CUDA GPUs (or RINGCCL_TEST_PROCESSES and MPS)"]
 fn across_processes() {
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
-    let n: usize = match std::env::var("RINGCCL_TEST_PROCESSES") {
-        Ok(v) => v.parse().expect("RINGCCL_TEST_PROCESSES: a process count"),
-        Err(_) => (gpus as usize).min(8),
-    };
+    let n = ringccl_tests::jobs::job_size((gpus as usize).min(8));
     assert!(n >= 2, "this test needs 2+ CUDA GPUs; {n} visible");
-    let id = UniqueId::new().expect("a unique id");
-    let exe = std::env::current_exe().expect("this test binary");
-    let mut children: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    "premul_rank_of_a_job",
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(ENV_ID, id.to_string())
-                .env(ENV_RANK, r.to_string())
-                .env(ENV_NRANKS, n.to_string())
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
-        .collect();
-    let limit = Duration::from_secs(300);
-    let deadline = Instant::now() + limit;
-    let mut status = vec![None; n];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (r, child) in children.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = child.try_wait().expect("wait for a rank");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (r, child) in children.iter_mut().enumerate() {
-        if status[r].is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-    for (r, s) in status.iter().enumerate() {
-        match s {
-            Some(s) if s.success() => {}
-            Some(s) => panic!("rank {r} failed: {s}"),
-            None => panic!("rank {r} did not finish within {limit:?}"),
-        }
-    }
+    let id = UniqueId::new().expect("a unique id").to_string();
+    ringccl_tests::jobs::run_ranks("premul_rank_of_a_job", n, Duration::from_secs(300), |r| {
+        vec![
+            (ENV_ID.to_string(), id.clone()),
+            (ENV_RANK.to_string(), r.to_string()),
+            (ENV_NRANKS.to_string(), n.to_string()),
+        ]
+    });
     println!("premul, {n} processes: every rank passed");
 }

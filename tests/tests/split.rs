@@ -11,7 +11,6 @@
 //! Run on a GPU machine: `cargo test -p ringccl-tests --test split -- --include-ignored
 //! --test-threads=1 --nocapture`.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -287,61 +286,23 @@ fn split_rank() {
 /// Runs `test` of this binary as each of the `n` ranks of a new job (one process each), and
 /// fails unless every rank passes within `limit` (a rank still running then is killed).
 fn run_ranks(test: &str, n: usize, limit: Duration) {
-    let id = UniqueId::new().expect("a unique id");
-    let exe = std::env::current_exe().expect("this test binary");
-    let mut children: Vec<_> = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args([
-                    test,
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(ENV_ID, id.to_string())
-                .env(ENV_RANK, r.to_string())
-                .env(ENV_NRANKS, n.to_string())
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
-        .collect();
-    let deadline = Instant::now() + limit;
-    let mut status = vec![None; n];
-    while status.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (r, child) in children.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = child.try_wait().expect("wait for a rank");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (r, child) in children.iter_mut().enumerate() {
-        if status[r].is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-    for (r, s) in status.iter().enumerate() {
-        match s {
-            Some(s) if s.success() => {}
-            Some(s) => panic!("rank {r} failed: {s}"),
-            None => panic!("rank {r} did not finish within {limit:?}"),
-        }
-    }
+    let id = UniqueId::new().expect("a unique id").to_string();
+    ringccl_tests::jobs::run_ranks(test, n, limit, |r| {
+        vec![
+            (ENV_ID.to_string(), id.clone()),
+            (ENV_RANK.to_string(), r.to_string()),
+            (ENV_NRANKS.to_string(), n.to_string()),
+        ]
+    });
 }
 
 /// A job of 4 processes (`RINGCCL_TEST_PROCESSES=N` for another N), each `split_rank`.
 #[test]
 #[ignore = "needs CUDA GPUs: 4, or fewer with MPS (RINGCCL_TEST_PROCESSES)"]
 fn split_across_processes() {
-    let n = match std::env::var("RINGCCL_TEST_PROCESSES") {
-        Ok(v) => v.parse().expect("RINGCCL_TEST_PROCESSES: a process count"),
-        Err(_) => 4,
-    };
+    let n = ringccl_tests::jobs::job_size(4);
     assert!(
-        n >= 2 && n % 2 == 0,
+        n >= 2 && n.is_multiple_of(2),
         "an even number of processes, 2 or more: {n}"
     );
     run_ranks("split_rank", n, Duration::from_secs(300));
