@@ -1,0 +1,49 @@
+// Host cost of the driver calls a collective's host path issues (a launch, an event record, a
+// stream wait on an event, a stream memory write), and the round trip of a flag between two
+// blocks of one GPU through L2 (the floor of a flag exchange between ranks sharing a GPU).
+// Build and run on the GPU machine (twice at once under MPS to see two processes' cost):
+//   nvcc -O2 -arch=sm_90 -o host_cost scripts/probes/host_cost.cu -lcuda && ./host_cost
+// Prints µs of host time per iteration of 20000-iteration loops, and the round trip in µs.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <chrono>
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1);} } while (0)
+#define CD(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { printf("%s: %d\n", #x, (int)e); exit(1);} } while (0)
+__global__ void empty() {}
+__global__ void pingpong(volatile unsigned long long *f, int iters, unsigned long long *out) {
+  int me = blockIdx.x;
+  long long t0 = clock64();
+  for (int i = 1; i <= iters; i++) {
+    if (me == 0) { f[0] = i; while (f[1] < (unsigned long long)i) {} }
+    else { while (f[0] < (unsigned long long)i) {} f[1] = i; }
+  }
+  if (me == 0 && threadIdx.x == 0) out[0] = clock64() - t0;
+}
+static double now() { return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+int main(int argc, char **argv) {
+  int n = 20000;
+  CK(cudaSetDevice(0));
+  cudaStream_t s, s2; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t ev; CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  unsigned long long *word; CK(cudaMalloc(&word, 64));
+  for (int i = 0; i < 1000; i++) empty<<<1, 32, 0, s>>>();
+  CK(cudaStreamSynchronize(s));
+  double t;
+  t = now(); for (int i = 0; i < n; i++) empty<<<1, 32, 0, s>>>(); double a = (now() - t) / n; CK(cudaStreamSynchronize(s));
+  t = now(); for (int i = 0; i < n; i++) { empty<<<1, 32, 0, s>>>(); CK(cudaEventRecord(ev, s)); } double b = (now() - t) / n; CK(cudaStreamSynchronize(s));
+  t = now(); for (int i = 0; i < n; i++) { CK(cudaStreamWaitEvent(s, ev, 0)); empty<<<1, 32, 0, s>>>(); CK(cudaEventRecord(ev, s)); } double c = (now() - t) / n; CK(cudaStreamSynchronize(s));
+  t = now(); for (int i = 0; i < n; i++) { CK(cudaEventRecord(ev, s)); } double d = (now() - t) / n; CK(cudaStreamSynchronize(s));
+  t = now(); for (int i = 0; i < n; i++) { CD(cuStreamWriteValue64((CUstream)s, (CUdeviceptr)word, i, 0)); } double e = (now() - t) / n; CK(cudaStreamSynchronize(s));
+  t = now(); for (int i = 0; i < n; i++) { cudaStream_t x = (i & 1) ? s2 : s; CK(cudaStreamWaitEvent(x, ev, 0)); empty<<<1, 32, 0, x>>>(); CK(cudaEventRecord(ev, x)); } double g = (now() - t) / n; CK(cudaDeviceSynchronize());
+  // device time of back-to-back empty kernels (GPU-bound check): graph of 100 launches
+  printf("host_us launch=%.2f launch+record=%.2f wait+launch+record=%.2f record=%.2f writevalue64=%.2f alt_streams_wait+launch+record=%.2f\n", a, b, c, d, e, g);
+  unsigned long long *out; CK(cudaMalloc(&out, 8)); CK(cudaMemset(word, 0, 64));
+  int iters = 10000;
+  pingpong<<<2, 1, 0, s>>>(word, iters, out); CK(cudaStreamSynchronize(s));
+  unsigned long long cyc; CK(cudaMemcpy(&cyc, out, 8, cudaMemcpyDeviceToHost));
+  int clk; CK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0));
+  printf("l2_flag_round_trip_us=%.3f (clock %d kHz)\n", (double)cyc / iters / (clk / 1000.0), clk);
+  return 0;
+}
