@@ -215,11 +215,13 @@ pub fn twoshot_algorithm(
 /// 16-byte vector per thread of a 512-thread block.
 pub const TWOSHOT_BYTES_PER_BLOCK: usize = 8 << 10;
 
-/// Blocks of a two-shot all-reduce of `bytes` per rank over `nranks` ranks on GPUs of at least
-/// `sm_count` SMs: one per [`TWOSHOT_BYTES_PER_BLOCK`] of a rank's shard, at most one per SM
-/// (so every block of every rank is resident at once and each meets its peers' at the
-/// barriers) and `gpu_kernels::oneshot::MAX_TWO_SHOT_BLOCKS`, at least 1. Every rank computes
-/// the same number from the same arguments.
+/// Blocks of a two-shot all-reduce of `bytes` per rank over `nranks` ranks with at most
+/// `sm_count` blocks (one process: the fewest SMs of its GPUs; a job of processes:
+/// [`twoshot_grid_cap`], which leaves room on each GPU for every rank sharing it and for the
+/// other communicators of their processes): one per [`TWOSHOT_BYTES_PER_BLOCK`] of a rank's
+/// shard, at most `sm_count` (so every block of every rank is resident at once and each meets
+/// its peers' at the barriers) and `gpu_kernels::oneshot::MAX_TWO_SHOT_BLOCKS`, at least 1.
+/// Every rank computes the same number from the same arguments.
 ///
 /// ```
 /// use ringccl::internals::plan::tuning::twoshot_blocks;
