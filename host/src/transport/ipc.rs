@@ -696,6 +696,19 @@ mod tests {
     }
 
     #[test]
+    fn live_communicators_are_counted_until_dropped() {
+        // (No other CPU test makes windows: the count moves by this test alone.)
+        let (a, n) = LiveComm::enter();
+        let (b, m) = LiveComm::enter();
+        assert_eq!(m, n + 1);
+        drop(a);
+        let (c, k) = LiveComm::enter();
+        assert_eq!(k, m, "a dropped communicator gives its count back");
+        drop((b, c));
+        assert_eq!(LIVE_COMMS.load(Ordering::Acquire), n - 1);
+    }
+
+    #[test]
     fn memory_peers_have_mapped_is_freed_only_after_a_clean_end() {
         // (failed, work done) -> (free own buffers, unmap the peers')
         let table = [
