@@ -143,7 +143,7 @@ impl Communicator {
         // With the network path, ranks on other machines are reached over it only.
         let machine = machine_id(config.host_id.as_deref());
         let ucx = config.net == Network::Ucx;
-        let blocks_per_sm = res.kernels.twoshot_blocks_per_sm()?;
+        let blocks_per_sm = res.kernels.twoshot_blocks_per_sm(&res.ctx)?;
         let windows = Windows::connect(&res.ctx, rank, nranks, &boot, (machine, ucx), blocks_per_sm)?;
         report!(
             config.debug,

@@ -341,8 +341,11 @@ impl Kernels {
     /// entry point at its launch width (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), at
     /// least 1. Sizes the two-shot grid ([`crate::plan::tuning::twoshot_grid_cap`]).
     ///
-    /// Errors: [`Error::Cuda`] if the driver cannot answer.
-    pub fn twoshot_blocks_per_sm(&self) -> Result<u32> {
+    /// Errors: [`Error::Cuda`] if `ctx` (the context these kernels were loaded into) cannot be
+    /// made current or the driver cannot answer.
+    pub fn twoshot_blocks_per_sm(&self, ctx: &CudaContext) -> Result<u32> {
+        ctx.bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", self.rank, e))?;
         let mut fewest = u32::MAX;
         for ((entry, f), &limit) in ENTRY_POINTS.iter().zip(&self.functions).zip(&self.max_threads) {
             if !matches!(entry.kind, EntryKind::TwoShot | EntryKind::TwoShotColl) {
