@@ -26,10 +26,18 @@ Besides the collectives and DDP, and each in a function of its own:
   ncclCommAbort/ncclCommDestroy in its output.
 * registration, in a job of its own: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 (every
   allocator segment registered with ncclCommRegister, deregistered when freed), and a
-  torch.cuda.MemPool on the process group's NCCL allocator (ncclMemAlloc) registered with
-  register_mem_pool; exact all_reduce results in both. SKIP (reported) where this torch lacks
-  the API.
-Their lines start with `[rank 0] premul`, `[rank 0] watchdog`, `[rank 0] register`.
+  torch.cuda.MemPool on the process group's NCCL allocator (ncclMemAlloc) and one of PyTorch's
+  caching allocator, each registered with register_mem_pool; exact all_reduce results in all.
+  SKIP (reported) where this torch lacks the API; the NCCL-allocator pool NOT APPLICABLE (with
+  the evidence) where torch itself refuses it on a GPU without multicast (see
+  register_pool_child).
+* fp8 (torch.float8_e4m3fn, torch.float8_e5m2: ncclFloat8e4m3 / ncclFloat8e5m2):
+  all_gather_into_tensor, all_reduce sum and max, reduce_scatter_tensor sum, on values whose
+  sums are exact in any order, and (2 ranks) a sum that must round to nearest even once, as
+  NCCL's sm_90 fp8 sum does; a reduction this torch itself refuses for fp8 is reported as not
+  applicable, with torch's message.
+Their lines start with `[rank 0] premul`, `[rank 0] fp8`, `[rank 0] watchdog`,
+`[rank 0] register`.
 """
 
 import argparse
@@ -101,6 +109,111 @@ def correctness(rank, world, dev, results, failures):
         check(f"reduce_scatter_tensor/{dtype}", out, want, results, failures, 1e-2)
     dist.barrier()
     torch.cuda.synchronize()
+
+
+FP8_TYPES = tuple(t for t in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if t)
+
+
+def fp8_inputs(rank, world, n, dtype, exact):
+    """Rank `rank`'s fp8 input (on the CPU, as float32) of n elements.
+
+    exact: integers of [-k, k], k = 16 (e4m3) or 8 (e5m2) divided by the rank count, half of
+    them scaled by 1/8: every partial sum over the ranks, in any order, is exactly
+    representable in the type (and in half), so the result is the same whatever order and
+    precision the library sums in. Otherwise (2 ranks only) values of [1, 16) with the type's
+    mantissa, whose pairwise sum is exact in half but not always in fp8: the library must round
+    the exact sum to nearest (ties to even) once, as NCCL does on sm_90 (the sum in half, then
+    one conversion to fp8), and as torch's float32 -> fp8 conversion does here."""
+    i = torch.arange(n, dtype=torch.int64)
+    if exact:
+        k = max(1, (8 if dtype == torch.float8_e5m2 else 16) // world)
+        v = ((i * 7 + rank * 3) % (2 * k + 1) - k).to(torch.float32)
+        v = torch.where(i % 2 == 1, v / 8, v)
+    else:
+        mant = 4 if dtype == torch.float8_e5m2 else 8  # steps per binade
+        e = (i + rank) % 4  # binades [1, 2) .. [8, 16)
+        m = (i * 3 + rank * 5) % mant
+        v = (2.0 ** e.to(torch.float32)) * (1 + m.to(torch.float32) / mant)
+    assert torch.equal(v.to(dtype).to(torch.float32), v), "inputs are fp8 values"
+    return v
+
+
+def fp8_checks(rank, world, dev, results, failures):
+    """fp8 (torch.float8_e4m3fn -> ncclFloat8e4m3, float8_e5m2 -> ncclFloat8e5m2, PyTorch with
+    NCCL >= 2.24): all_gather_into_tensor (bit-exact), all_reduce sum and max and
+    reduce_scatter_tensor sum, expected values computed here exactly (fp8_inputs). A reduction
+    that this torch itself refuses for fp8 is reported as such (not applicable), not a pass;
+    any other error, or a wrong element, FAILs.
+
+    Returns one line per type."""
+    lines = []
+    n = 1024
+    for dtype in FP8_TYPES:
+        name = str(dtype).replace("torch.", "")
+        parts, ok = [], True
+
+        def run(key, fn):
+            nonlocal ok
+            try:
+                got, want = fn()
+                torch.cuda.synchronize()
+                before = len(failures)
+                # Compared as float32 (every fp8 value is exact there), bit for bit.
+                check(f"fp8/{key}/{name}", got.float(), want, results, failures, 0)
+                if len(failures) == before:
+                    parts.append(f"{key} ok")
+                else:
+                    ok = False
+                    parts.append(f"{key} FAIL {failures[-1]}")
+            except Exception as e:  # noqa: BLE001 - reported below
+                msg = str(e).splitlines()[0][:200] if str(e) else ""
+                if "Float8" in msg and "not" in msg and "supported" in msg:
+                    parts.append(f"{key} not applicable: this torch refuses it ({type(e).__name__}: {msg})")
+                else:
+                    ok = False
+                    failures.append(f"fp8/{key}/{name}: {type(e).__name__}: {msg}")
+                    parts.append(f"{key} FAIL {type(e).__name__}: {msg}")
+
+        every = [fp8_inputs(r, world, world * n, dtype, True) for r in range(world)]
+        mine = lambda m=n: every[rank][:m].to(dtype).to(dev)
+
+        def gather():
+            out = torch.empty(world * n, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, mine())
+            return out, torch.cat([e[:n] for e in every])
+
+        def reduce(op, is_sum):
+            def go():
+                t = mine()
+                dist.all_reduce(t, op=op)
+                xs = torch.stack([e[:n] for e in every])
+                return t, (xs.sum(0) if is_sum else xs.max(0).values)
+            return go
+
+        def scatter():
+            out = torch.empty(n, dtype=dtype, device=dev)
+            dist.reduce_scatter_tensor(out, every[rank].to(dtype).to(dev))
+            return out, torch.stack(every).sum(0)[rank * n:(rank + 1) * n]
+
+        run("all_gather_into_tensor", gather)
+        run("all_reduce-sum", reduce(dist.ReduceOp.SUM, True))
+        run("all_reduce-max", reduce(dist.ReduceOp.MAX, False))
+        run("reduce_scatter_tensor-sum", scatter)
+        if world == 2:
+            def rounded():
+                xs = [fp8_inputs(r, world, n, dtype, False) for r in range(world)]
+                t = xs[rank].to(dtype).to(dev)
+                dist.all_reduce(t)
+                # The exact sum (float32 holds it), rounded once to nearest even by torch.
+                return t, (xs[0] + xs[1]).to(dtype).to(torch.float32)
+            run("all_reduce-sum-rounded", rounded)
+        na = any("not applicable" in p for p in parts)
+        status = "FAIL " if not ok else ("PASS (parts NOT APPLICABLE, not passed) " if na else "PASS ")
+        lines.append(status + f"{name}: " + "; ".join(parts))
+    if not FP8_TYPES:
+        lines.append("not applicable: this torch has no float8_e4m3fn / float8_e5m2")
+    dist.barrier()
+    return lines
 
 
 def ddp(rank, dev, steps=50):
@@ -431,21 +544,42 @@ def register_hook_child(rank, world):
     os._exit(1 if bad else 0)
 
 
-def register_pool_child(rank, world):
-    """A torch.cuda.MemPool on the process group's NCCL allocator (ncclMemAlloc), registered
-    with register_mem_pool; exits 0 (with a SKIP line) where this torch lacks the API."""
-    dev = child_init(rank, world)
-    n = 1 << 18
+def device_multicast(dev):
+    """CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (132) of `dev` from the driver, or None."""
     try:
-        backend = dist.group.WORLD._get_backend(dev)
-    except Exception as e:  # noqa: BLE001
-        print(f"REGISTER-CHILD: SKIP mem pool: no backend object ({e})", flush=True)
-        os._exit(0)
-    if not (hasattr(backend, "mem_allocator") and hasattr(backend, "register_mem_pool")
-            and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
-        print("REGISTER-CHILD: SKIP mem pool: this torch has no MemPool/register_mem_pool", flush=True)
-        os._exit(0)
-    pool = torch.cuda.MemPool(backend.mem_allocator)
+        cuda = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(-1)
+        ordinal = ctypes.c_int(torch.cuda.current_device() if dev is None else dev.index)
+        handle = ctypes.c_int(0)
+        if cuda.cuDeviceGet(ctypes.byref(handle), ordinal) != 0:
+            return None
+        if cuda.cuDeviceGetAttribute(ctypes.byref(v), 132, handle) != 0:
+            return None
+        return v.value
+    except OSError:
+        return None
+
+
+def nccl_version_loaded():
+    """ncclGetVersion of the libnccl.so.2 this process resolves (ringccl's when preloaded)."""
+    try:
+        v = ctypes.c_int(0)
+        ctypes.CDLL(None).ncclGetVersion(ctypes.byref(v))
+        return v.value
+    except (AttributeError, OSError):
+        pass
+    try:
+        # Not in the global scope (PyTorch's own libnccl.so.2): the version torch reports.
+        major, minor, patch = torch.cuda.nccl.version()[:3]
+        return major * 10000 + minor * 100 + patch
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def pool_all_reduce(rank, world, dev, backend, pool, what):
+    """A tensor allocated in `pool`, the pool registered (register_mem_pool), an all_reduce
+    on the tensor checked exactly, the pool deregistered; returns (ok, line)."""
+    n = 1 << 18
     with torch.cuda.use_mem_pool(pool):
         t = torch.full((n,), float(rank + 1), device=dev)
     backend.register_mem_pool(pool)
@@ -455,10 +589,61 @@ def register_pool_child(rank, world):
     if hasattr(backend, "deregister_mem_pool"):
         backend.deregister_mem_pool(pool)
     del t
-    del pool
+    return ok, f"{what} registered: all_reduce {'ok' if ok else 'WRONG'}"
+
+
+def register_pool_child(rank, world):
+    """torch.cuda.MemPool registered with register_mem_pool: a pool on the process group's NCCL
+    allocator (ncclMemAlloc), and a pool of PyTorch's own caching allocator (its segments
+    registered with ncclCommRegister). Exits 0 with a SKIP line where this torch lacks the API.
+
+    PyTorch's ProcessGroupNCCL::getMemAllocator raises "NCCL mem allocator is not supported in
+    this NCCL version" when its supportsTensorAlloc(device) is false, before any ncclMemAlloc
+    call: ncclGetVersion below 2.19, or (PyTorch 2.8 on) c10d::cuda::deviceSupportsMulticast
+    false (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, a property of the GPU and driver). With the
+    library's version >= 2.19 and the device reporting no multicast, the NCCL-allocator pool is
+    reported NOT APPLICABLE with that evidence (PyTorch's own NCCL meets the same refusal
+    there); with multicast supported, the refusal is a failure."""
+    dev = child_init(rank, world)
+    try:
+        backend = dist.group.WORLD._get_backend(dev)
+    except Exception as e:  # noqa: BLE001
+        print(f"REGISTER-CHILD: SKIP mem pool: no backend object ({e})", flush=True)
+        os._exit(0)
+    if not (hasattr(backend, "mem_allocator") and hasattr(backend, "register_mem_pool")
+            and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        print("REGISTER-CHILD: SKIP mem pool: this torch has no MemPool/register_mem_pool", flush=True)
+        os._exit(0)
+    good = True
+    try:
+        allocator = backend.mem_allocator
+        pool = torch.cuda.MemPool(allocator)
+        ok, line = pool_all_reduce(rank, world, dev, backend, pool, "mem pool (ncclMemAlloc)")
+        good &= ok
+        del pool
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0][:200]
+        mc, v = device_multicast(dev), nccl_version_loaded()
+        if "mem allocator is not supported" in msg and mc == 0 and v is not None and v >= 21900:
+            line = (f"mem pool (ncclMemAlloc) NOT APPLICABLE: torch {torch.__version__} refuses it before "
+                    f"calling the library ({msg!r}): its supportsTensorAlloc needs multicast, and "
+                    f"CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0 on this GPU (ncclGetVersion = {v})")
+        else:
+            good = False
+            line = f"mem pool (ncclMemAlloc) FAIL: {msg} (multicast attribute {mc}, ncclGetVersion {v})"
+    print(f"REGISTER-CHILD: {line}", flush=True)
+    # PyTorch's own caching allocator in a pool of its own, registered the same way.
+    try:
+        pool = torch.cuda.MemPool()
+        ok, line = pool_all_reduce(rank, world, dev, backend, pool, "mem pool (caching allocator)")
+        good &= ok
+        del pool
+    except Exception as e:  # noqa: BLE001 - reported as a failure
+        good = False
+        line = f"mem pool (caching allocator) FAIL: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    print(f"REGISTER-CHILD: {line}", flush=True)
     dist.destroy_process_group()
-    print(f"REGISTER-CHILD: mem pool (ncclMemAlloc) registered: all_reduce {'ok' if ok else 'WRONG'}", flush=True)
-    os._exit(0 if ok else 1)
+    os._exit(0 if good else 1)
 
 
 def register_check():
@@ -472,7 +657,9 @@ def register_check():
             ok = False
             lines += [f"--- {mode} rank {r} exit {rc} ---\n" + "\n".join(o.splitlines()[-12:])
                       for r, (rc, o) in enumerate(out)]
-    return ok, ("PASS: " if ok else "FAIL: ") + " | ".join(lines)
+    na = any("NOT APPLICABLE" in l for l in lines)
+    status = "FAIL: " if not ok else ("PASS (one part NOT APPLICABLE, not passed): " if na else "PASS: ")
+    return ok, status + " | ".join(lines)
 
 
 def child_main(args):
@@ -632,10 +819,11 @@ def main():
     # PreMulSum and the child jobs last: a library that refuses them must not take the rest down.
     premul = premul_sum(rank, world, dev, results, failures)
     graphs = graph_capture(rank, world, dev, results, failures)
+    fp8 = fp8_checks(rank, world, dev, results, failures)
     children = [] if args.skip_children else child_checks(rank, failures)
     torch.save({"lib": lib, "results": results, "failures": failures, "losses": losses, "params": params,
                 "timing": rows, "p2p": p2p, "a2a": a2a, "groups": groups, "premul": premul, "graphs": graphs,
-                "children": children},
+                "fp8": fp8, "children": children},
                os.path.join(args.out, f"rank{rank}.pt"))
     print(f"[rank {rank}] {lib}: {len(results)} results checked, {len(failures)} failed "
           f"({t1 - t0:.1f} s); DDP 50 steps loss {losses[0]:.4f} -> {losses[-1]:.4f} ({t2 - t1:.1f} s); "
@@ -644,6 +832,8 @@ def main():
         print(f"[rank {rank}] premul {line}", flush=True)
     for line in graphs:
         print(f"[rank {rank}] graph {line}", flush=True)
+    for line in fp8:
+        print(f"[rank {rank}] fp8 {line}", flush=True)
     for line in children:
         print(f"[rank {rank}] {line}", flush=True)
     for f in failures[:20]:

@@ -9,7 +9,8 @@
 //! daemon). `split_in_one_process` uses every visible GPU (2+).
 //!
 //! Run on a GPU machine: `cargo test -p ringccl-tests --test split -- --include-ignored
-//! --test-threads=1 --nocapture`.
+//! --test-threads=1 --nocapture` (`RINGCCL_TEST_ROUNDS=N` for more or fewer interleaved
+//! two-shot rounds than 64).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +24,18 @@ const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
 
 /// Counts that take the small (one-shot) and the large (ring) paths.
 const COUNTS: [usize; 3] = [1, 4099, (1 << 20) + 3];
+
+/// Elements (f32) of the interleaved rounds: between the one-shot limit (256 KiB) and the
+/// two-shot limit (8 MiB) of the default configuration, so each call runs the two-shot kernel.
+const TWO_SHOT_COUNTS: [usize; 3] = [(1 << 17) + 5, 1 << 19, (1 << 20) + 3];
+
+/// Rounds of interleaved parent and child calls (`RINGCCL_TEST_ROUNDS`, default 64).
+fn rounds() -> usize {
+    std::env::var("RINGCCL_TEST_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
 
 /// Rank `r`'s input element `i` (small integers: every sum is exact in f32).
 fn input(r: usize, i: usize) -> f32 {
@@ -164,6 +177,37 @@ fn split_rank() {
         );
         bad += wrong(a) + wrong(b) + wrong(d) + wrong(e);
     }
+
+    // Many rounds of parent and child calls in the two-shot range, in flight together on their
+    // own streams (the order every rank issues them in is the same, as NCCL requires): the
+    // two-shot grids of both communicators must fit on a GPU that several ranks share.
+    let rounds = rounds();
+    let mut in_flight = Vec::new();
+    for round in 0..rounds {
+        let c = TWO_SHOT_COUNTS[round % TWO_SHOT_COUNTS.len()];
+        in_flight.push(issue(
+            &world,
+            rank,
+            rank,
+            &all,
+            c,
+            &format!("rank {rank}: round {round} parent"),
+        ));
+        in_flight.push(issue(
+            &pair,
+            crank,
+            rank,
+            &members,
+            c,
+            &format!("rank {rank}: round {round} pair"),
+        ));
+        // A few rounds in flight at a time, then checked.
+        if in_flight.len() >= 8 {
+            bad += in_flight.drain(..).map(wrong).sum::<usize>();
+        }
+    }
+    bad += in_flight.drain(..).map(wrong).sum::<usize>();
+    println!("rank {rank}: {rounds} rounds of parent and child two-shot calls in flight together");
 
     // NCCL_SPLIT_NOCOLOR for the last rank: the others form one communicator, keyed by rank.
     let last = n - 1;

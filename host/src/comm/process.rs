@@ -143,7 +143,16 @@ impl Communicator {
         // With the network path, ranks on other machines are reached over it only.
         let machine = machine_id(config.host_id.as_deref());
         let ucx = config.net == Network::Ucx;
-        let windows = Windows::connect(&res.ctx, rank, nranks, &boot, (machine, ucx))?;
+        let blocks_per_sm = res.kernels.twoshot_blocks_per_sm(&res.ctx)?;
+        let windows = Windows::connect(&res.ctx, rank, nranks, &boot, (machine, ucx), blocks_per_sm)?;
+        report!(
+            config.debug,
+            Info,
+            "rank {rank}: two-shot grid of at most {} blocks ({} two-shot blocks per SM, GPUs {:?})",
+            windows.two_shot_sms(),
+            blocks_per_sm,
+            windows.rooms().iter().map(|r| (r.sms, r.blocks_per_sm, r.comms)).collect::<Vec<_>>()
+        );
         let machines = Machines::new(windows.machines());
         // The network carries the pairs on different machines; with peer-to-peer disabled,
         // every pair. Every rank decides alike (a job on one machine has no remote rank

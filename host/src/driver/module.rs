@@ -337,6 +337,29 @@ impl Kernels {
         self.sm_count
     }
 
+    /// Blocks of the two-shot kernels that one SM holds at once: the fewest of any two-shot
+    /// entry point at its launch width (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), at
+    /// least 1. Sizes the two-shot grid ([`crate::plan::tuning::twoshot_grid_cap`]).
+    ///
+    /// Errors: [`Error::Cuda`] if `ctx` (the context these kernels were loaded into) cannot be
+    /// made current or the driver cannot answer.
+    pub fn twoshot_blocks_per_sm(&self, ctx: &CudaContext) -> Result<u32> {
+        ctx.bind_to_thread()
+            .map_err(|e| Error::cuda("cuCtxSetCurrent", self.rank, e))?;
+        let mut fewest = u32::MAX;
+        for ((entry, f), &limit) in ENTRY_POINTS.iter().zip(&self.functions).zip(&self.max_threads) {
+            if !matches!(entry.kind, EntryKind::TwoShot | EntryKind::TwoShotColl) {
+                continue;
+            }
+            let threads = super::launch::LaunchPlan::one_block(limit).threads;
+            let n = f
+                .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                .map_err(|e| Error::cuda("cuOccupancyMaxActiveBlocksPerMultiprocessor", self.rank, e))?;
+            fewest = fewest.min(n);
+        }
+        Ok(if fewest == u32::MAX { 1 } else { fewest.max(1) })
+    }
+
     /// The function for (`kind`, `dtype`, `op`), its index in [`ENTRY_POINTS`] and its
     /// threads-per-block limit: an O(1) lookup.
     pub(crate) fn function(

@@ -25,6 +25,7 @@
 //! and its mappings (the graph replays on them) until the windows are dropped, which a
 //! communicator dropped before its graphs leaves to the last of them.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
@@ -32,6 +33,7 @@ use cudarc::driver::CudaContext;
 use crate::config::DebugLevel;
 use crate::driver::ipc::{DeviceAlloc, IpcHandle, Mapped};
 use crate::driver::{can_access_peer, enable_peer_access};
+use crate::plan::tuning::{twoshot_grid_cap, GpuRoom};
 use crate::{Error, Result};
 
 /// Bytes of a rank's flag area: one 8-byte signal word per possible peer, then the one-shot
@@ -71,9 +73,15 @@ struct Published {
     ptr: u64,
     bytes: u64,
     handle: IpcHandle,
+    /// The device's UUID (ranks on one GPU under MPS share it).
+    uuid: [u8; 16],
+    /// [`GpuRoom::blocks_per_sm`].
+    blocks_per_sm: u32,
+    /// [`GpuRoom::comms`].
+    comms: u32,
 }
 
-const PUBLISHED_BYTES: usize = 4 + 4 + 8 + 4 + 8 + 8 + 64;
+const PUBLISHED_BYTES: usize = 4 + 4 + 8 + 4 + 8 + 8 + 64 + 16 + 4 + 4;
 
 impl Published {
     fn encode(&self) -> Vec<u8> {
@@ -85,6 +93,9 @@ impl Published {
         v.extend_from_slice(&self.ptr.to_le_bytes());
         v.extend_from_slice(&self.bytes.to_le_bytes());
         v.extend_from_slice(&self.handle.0);
+        v.extend_from_slice(&self.uuid);
+        v.extend_from_slice(&self.blocks_per_sm.to_le_bytes());
+        v.extend_from_slice(&self.comms.to_le_bytes());
         v
     }
 
@@ -102,6 +113,8 @@ impl Published {
         };
         let mut handle = [0u8; 64];
         handle.copy_from_slice(&b[36..100]);
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[100..116]);
         Ok(Published {
             pid: u32_at(0),
             sms: u32_at(4),
@@ -110,6 +123,9 @@ impl Published {
             ptr: u64_at(20),
             bytes: u64_at(28),
             handle: IpcHandle(handle),
+            uuid,
+            blocks_per_sm: u32_at(116),
+            comms: u32_at(120),
         })
     }
 }
@@ -163,10 +179,8 @@ struct Shared {
     addr: Vec<u64>,
     /// Every rank's machine identifier ([`machine_id`]).
     machines: Vec<u64>,
-    /// Every rank's device's SM count.
-    sms: Vec<u32>,
-    /// Every rank's device ordinal.
-    ordinals: Vec<u32>,
+    /// Every rank's GPU, for the two-shot grid ([`twoshot_grid_cap`]).
+    rooms: Vec<GpuRoom>,
 }
 
 impl Shared {
@@ -178,12 +192,14 @@ impl Shared {
         bytes: usize,
         ex: &dyn Exchange,
         (machine, remote_ok): (u64, bool),
+        (blocks_per_sm, comms): (u32, u32),
     ) -> Result<Self> {
         let r = Some(rank);
         let own = DeviceAlloc::zeroed(ctx, bytes, r)?;
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::cuda("cuDeviceGetAttribute", r, e))?;
+        let uuid = ctx.uuid().map_err(|e| Error::cuda("cuDeviceGetUuid", r, e))?;
         let mine = Published {
             pid: std::process::id(),
             sms: u32::try_from(sms).unwrap_or(1).max(1),
@@ -192,18 +208,21 @@ impl Shared {
             ptr: own.ptr(),
             bytes: own.bytes() as u64,
             handle: own.ipc_handle(r)?,
+            // `CUuuid` is 16 `c_char`s: the same bytes.
+            uuid: uuid.bytes.map(|b| b as u8),
+            blocks_per_sm,
+            comms,
         };
         // From here on some peer may have this buffer's handle, map it and run kernels on it:
         // on an error it is leaked, not freed (see the module's "Freeing").
         match Self::map_all(ctx, rank, &mine, remote_ok, ex) {
-            Ok((reach, addr, machines, sms, ordinals)) => Ok(Shared {
+            Ok((reach, addr, machines, rooms)) => Ok(Shared {
                 own: Some(own),
                 bytes: mine.bytes as usize,
                 reach,
                 addr,
                 machines,
-                sms,
-                ordinals,
+                rooms,
             }),
             Err(e) => {
                 crate::debug::warn(format_args!(
@@ -227,19 +246,22 @@ impl Shared {
         mine: &Published,
         remote_ok: bool,
         ex: &dyn Exchange,
-    ) -> Result<(Vec<Reach>, Vec<u64>, Vec<u64>, Vec<u32>, Vec<u32>)> {
+    ) -> Result<(Vec<Reach>, Vec<u64>, Vec<u64>, Vec<GpuRoom>)> {
         let r = Some(rank);
         let all = ex.all_gather(&mine.encode())?;
         let mut reach = Vec::with_capacity(all.len());
         let mut addr = Vec::with_capacity(all.len());
         let mut machines = Vec::with_capacity(all.len());
-        let mut sms = Vec::with_capacity(all.len());
-        let mut ordinals = Vec::with_capacity(all.len());
+        let mut rooms = Vec::with_capacity(all.len());
         for (q, b) in all.iter().enumerate() {
             let p = Published::decode(b, q)?;
             machines.push(p.machine);
-            sms.push(p.sms);
-            ordinals.push(p.ordinal);
+            rooms.push(GpuRoom {
+                gpu: (p.machine, p.uuid),
+                sms: p.sms,
+                blocks_per_sm: p.blocks_per_sm,
+                comms: p.comms,
+            });
             if q == rank {
                 reach.push(Reach::Own);
                 addr.push(mine.ptr);
@@ -281,7 +303,7 @@ impl Shared {
                 reach.push(Reach::Mapped { _mapping: m });
             }
         }
-        Ok((reach, addr, machines, sms, ordinals))
+        Ok((reach, addr, machines, rooms))
     }
 
     /// Leaks this rank's buffer (never freed): its bytes, 0 if it was leaked already.
@@ -309,8 +331,7 @@ impl Shared {
             reach: Vec::new(),
             addr: Vec::new(),
             machines: Vec::new(),
-            sms: Vec::new(),
-            ordinals: Vec::new(),
+            rooms: Vec::new(),
         }
     }
 
@@ -377,6 +398,12 @@ pub struct Windows {
     /// This rank's machine identifier, and whether ranks on other machines are allowed (left
     /// unmapped).
     locality: (u64, bool),
+    /// This rank's two-shot blocks per SM and its process's live communicators of processes
+    /// at the creation, as published ([`GpuRoom`]).
+    room: (u32, u32),
+    /// This communicator's place in that count, given back when the windows (and the CUDA
+    /// graphs that may still launch its kernels) are gone.
+    live: Option<LiveComm>,
     /// What the drop releases ([`Windows::set_release`]), and the level of its report.
     release: (Release, DebugLevel),
     /// A CUDA graph captured a call that uses the scratch ([`Windows::mark_captured`]).
@@ -423,6 +450,27 @@ impl Drop for Windows {
     }
 }
 
+/// Communicators of processes alive in this process: windows not yet dropped (those a
+/// communicator's drop handed to its CUDA graphs included).
+static LIVE_COMMS: AtomicU32 = AtomicU32::new(0);
+
+/// One count in [`LIVE_COMMS`], given back on drop.
+#[derive(Debug)]
+struct LiveComm;
+
+impl LiveComm {
+    /// Counts one more communicator; returns its guard and the count with it.
+    fn enter() -> (Self, u32) {
+        (LiveComm, LIVE_COMMS.fetch_add(1, Ordering::AcqRel).saturating_add(1))
+    }
+}
+
+impl Drop for LiveComm {
+    fn drop(&mut self) {
+        LIVE_COMMS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Windows {
     /// Allocates this rank's flag area and first scratch and maps every peer's (collective).
     /// `machine` is this rank's machine identifier ([`machine_id`]); ranks with another one are
@@ -434,6 +482,7 @@ impl Windows {
         nranks: usize,
         ex: &dyn Exchange,
         (machine, remote_ok): (u64, bool),
+        blocks_per_sm: u32,
     ) -> Result<Self> {
         if nranks > MAX_PROCESS_RANKS {
             return Err(Error::invalid(
@@ -443,9 +492,11 @@ impl Windows {
             ));
         }
         let locality = (machine, remote_ok);
-        let mut flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, locality)?;
+        let (live, comms) = LiveComm::enter();
+        let room = (blocks_per_sm, comms);
+        let mut flags = Shared::exchange(ctx, rank, FLAG_BYTES, ex, locality, room)?;
         // The flag area is published: a peer may signal into it from now on.
-        let mut scratch = match Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, locality) {
+        let mut scratch = match Shared::exchange(ctx, rank, MIN_SCRATCH_BYTES, ex, locality, room) {
             Ok(s) => s,
             Err(e) => {
                 flags.leak_own();
@@ -465,6 +516,8 @@ impl Windows {
             flags,
             scratch,
             locality,
+            room,
+            live: Some(live),
             release: (Release::UNCLAIMED, DebugLevel::Warn),
             captured: false,
             retired: Vec::new(),
@@ -501,6 +554,8 @@ impl Windows {
             flags: std::mem::replace(&mut self.flags, Shared::empty()),
             scratch: std::mem::replace(&mut self.scratch, Shared::empty()),
             locality: self.locality,
+            room: self.room,
+            live: self.live.take(),
             release: self.release,
             captured: self.captured,
             retired: std::mem::take(&mut self.retired),
@@ -550,23 +605,18 @@ impl Windows {
         self.flags.addr.get(q).map(|base| base + at as u64)
     }
 
-    /// The SMs a two-shot kernel may fill on every rank's device (the same answer on every
-    /// rank): the fewest SMs of any rank's device, divided by the most ranks that share one
-    /// device (processes on one GPU, under MPS), so that every block of every rank can be
-    /// resident at once (each block waits at its barriers for the peers' same-numbered
-    /// blocks).
+    /// The most blocks of this communicator's two-shot kernel (the same answer on every rank):
+    /// [`twoshot_grid_cap`] of every rank's published GPU room, so that every block of every
+    /// two-shot kernel that can be in flight at once on a GPU (this communicator's ranks that
+    /// share it under MPS, and the other communicators of their processes) is resident
+    /// together: each block waits at its barriers for the peers' same-numbered blocks.
     pub fn two_shot_sms(&self) -> u32 {
-        let f = &self.flags;
-        let min = f.sms.iter().copied().min().unwrap_or(1);
-        let share = (0..f.ordinals.len())
-            .map(|q| {
-                (0..f.ordinals.len())
-                    .filter(|&p| f.ordinals[p] == f.ordinals[q] && f.machines[p] == f.machines[q])
-                    .count()
-            })
-            .max()
-            .unwrap_or(1);
-        (min / u32::try_from(share).unwrap_or(u32::MAX).max(1)).max(1)
+        twoshot_grid_cap(&self.flags.rooms)
+    }
+
+    /// Every rank's GPU as published at the creation ([`GpuRoom`]).
+    pub fn rooms(&self) -> &[GpuRoom] {
+        &self.flags.rooms
     }
 
     /// Every rank's scratch address in this process.
@@ -597,7 +647,7 @@ impl Windows {
             return Ok(());
         }
         let target = bytes.next_power_of_two().max(MIN_SCRATCH_BYTES);
-        let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.locality)?;
+        let new = Shared::exchange(&self.ctx, self.rank, target, ex, self.locality, self.room)?;
         let mut old = std::mem::replace(&mut self.scratch, new);
         if self.captured {
             self.retired.push(old);
@@ -635,11 +685,27 @@ mod tests {
             ptr: 0x7f00_0000_1000,
             bytes: 4 << 20,
             handle: IpcHandle([7; 64]),
+            uuid: [9; 16],
+            blocks_per_sm: 3,
+            comms: 2,
         };
         let b = p.encode();
         assert_eq!(b.len(), PUBLISHED_BYTES);
         assert_eq!(Published::decode(&b, 1).unwrap(), p);
         assert!(matches!(Published::decode(&b[1..], 1), Err(Error::Internal { .. })));
+    }
+
+    #[test]
+    fn live_communicators_are_counted_until_dropped() {
+        // (No other CPU test makes windows: the count moves by this test alone.)
+        let (a, n) = LiveComm::enter();
+        let (b, m) = LiveComm::enter();
+        assert_eq!(m, n + 1);
+        drop(a);
+        let (c, k) = LiveComm::enter();
+        assert_eq!(k, m, "a dropped communicator gives its count back");
+        drop((b, c));
+        assert_eq!(LIVE_COMMS.load(Ordering::Acquire), n - 1);
     }
 
     #[test]
