@@ -610,7 +610,9 @@ def register_pool_child(rank, world):
     except Exception as e:  # noqa: BLE001
         print(f"REGISTER-CHILD: SKIP mem pool: no backend object ({e})", flush=True)
         os._exit(0)
-    if not (hasattr(backend, "mem_allocator") and hasattr(backend, "register_mem_pool")
+    # `mem_allocator` is a property whose getter raises where torch refuses the allocator, so
+    # its presence is asked of the type, not the object (hasattr would call the getter).
+    if not (hasattr(type(backend), "mem_allocator") and hasattr(backend, "register_mem_pool")
             and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
         print("REGISTER-CHILD: SKIP mem pool: this torch has no MemPool/register_mem_pool", flush=True)
         os._exit(0)
