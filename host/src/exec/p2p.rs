@@ -7,6 +7,10 @@
 //! [`super::process`], on the same per-pair counters as the collectives among processes. Like a collective, the group
 //! starts after this rank's previous call and records its end. CUDA-graph capture is refused
 //! by the caller (the counters' values would be frozen into the graph).
+//!
+//! [`execute_kernel`] runs a group that fits the point-to-point kernel
+//! ([`crate::plan::p2p_kernel`]) instead: ONE launch, its counters on the device, which can be
+//! captured.
 
 use cudarc::driver::CudaStream;
 
@@ -32,6 +36,54 @@ pub(crate) fn execute(
     }
     begin(call, stream)?;
     group(call, plan, bufs, stream, None)?;
+    record(&call.state.end, stream, r)
+}
+
+/// Enqueues this rank's group as ONE point-to-point kernel (`gpu_kernels::p2p`) on `stream`:
+/// after the previous call's end and recording its own end when eager (the stream may differ
+/// from the previous call's), neither while capturing (the graph's launches are ordered on
+/// the streams by the caller, as with NCCL). The kernel reads and advances its counters in the
+/// ranks' point-to-point buffers itself; the host's signal counters are not touched.
+///
+/// Hook: where the previous call ran on the same stream, the event wait and record are
+/// redundant (stream order suffices); they go once calls keep their order per stream.
+///
+/// # Safety
+/// `args` comes from [`crate::plan::p2p_kernel::plan`] for this rank's windows: its user
+/// addresses are the caller's validated buffers (tracked until the kernel has run), every other
+/// address is a point-to-point buffer of the communicator, mapped for its life.
+pub(crate) unsafe fn execute_kernel(
+    call: &mut ProcessCall<'_>,
+    args: &gpu_kernels::p2p::P2pArgs,
+    stream: &CudaStream,
+) -> Result<()> {
+    let r = call.state.rank;
+    call.health.check()?;
+    if args.blocks() == 0 {
+        return Ok(());
+    }
+    let capturing = call.capturing;
+    if !capturing {
+        begin(call, stream)?;
+    }
+    // SAFETY: the caller's contract.
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { call.me.kernels.launch_p2p(stream, args) });
+    if let Err(cause) = launched {
+        if capturing {
+            // Nothing ran: the peers' parts are only captured too; the caller has the error.
+            return Err(cause);
+        }
+        // The peers' kernels wait for this one's chunks and credits (until their timeout):
+        // the job cannot go on.
+        let _ = record(&call.state.end, stream, r);
+        return Err(partly_enqueued(call.health, vec![r], cause));
+    }
+    if capturing {
+        return Ok(());
+    }
     record(&call.state.end, stream, r)
 }
 
