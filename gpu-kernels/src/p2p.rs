@@ -9,7 +9,8 @@
 //! [`HEADER_WORDS`] `u64` counters, then one **region** of [`REGION_BYTES`] per source rank,
 //! each [`CHANNELS`] channels of [`SLOTS`] slots of [`SLOT_BYTES`].
 //!
-//! A transfer of `b` bytes from rank `s` to rank `d` is cut into [`chunks`]`(b)` chunks of
+//! A transfer of `b` bytes from rank `s` to rank `d` (every send from `s` to `d` in the
+//! group: one byte stream over their buffers, [`P2pPiece`]) is cut into [`chunks`]`(b)` chunks of
 //! [`SLOT_BYTES`] (the last may be shorter), dealt round-robin to [`channels`]`(b, cap)`
 //! channels: chunk `i` goes through channel `i % C`. Both sides compute the same cut from the
 //! byte count alone. Channel `c` of the pair is one block on each side, with its own counters,
@@ -50,6 +51,11 @@ pub const SLOT_BYTES: usize = 32 << 10;
 
 /// Most operations of one kernel: a send and a receive per peer and one local copy.
 pub const MAX_OPS: usize = 2 * MAX_RANKS;
+
+/// Most buffers of one kernel's sends and receives together ([`P2pPiece`]): the operations
+/// of a group between two ranks in one direction are one byte stream (in the order given), cut
+/// into chunks across their buffers.
+pub const MAX_PIECES: usize = 64;
 
 /// Counters in a header: four roles × [`MAX_RANKS`] peers × [`CHANNELS`] channels.
 pub const HEADER_WORDS: usize = 4 * MAX_RANKS * CHANNELS;
@@ -196,7 +202,7 @@ pub struct P2pOpDesc {
     pub first_block: u32,
     /// Bytes.
     pub bytes: u64,
-    /// A send's source, a receive's destination, a copy's source (the caller's buffer).
+    /// A copy's source (a send's or receive's buffers are its pieces).
     pub user: u64,
     /// A send: channel 0 of the region the peer keeps for this rank (in the peer's buffer, as
     /// mapped here); a receive: channel 0 of the region this rank keeps for the peer; a copy:
@@ -205,14 +211,30 @@ pub struct P2pOpDesc {
     /// A send: the peer's `DATA[rank][0]` word; a receive: the peer's `CONSUMED[rank][0]`
     /// word (channel `c` is `c` words further).
     pub remote: u64,
+    /// A send's or receive's first buffer in [`P2pArgs::pieces`].
+    pub first_piece: u32,
+    /// Its buffers, in stream order (their bytes add up to `bytes`).
+    pub npieces: u32,
+}
+
+/// One buffer of a send's or receive's byte stream.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pPiece {
+    /// The caller's buffer.
+    pub user: u64,
+    /// Its bytes.
+    pub bytes: u64,
 }
 
 /// The kernel's one parameter (passed by value: nothing is copied to the device per call).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pArgs {
     /// The operations; the first `nops` are used.
     pub ops: [P2pOpDesc; MAX_OPS],
+    /// The buffers of the sends and receives.
+    pub pieces: [P2pPiece; MAX_PIECES],
     /// This rank's header.
     pub header: u64,
     /// The control block.
@@ -223,6 +245,20 @@ pub struct P2pArgs {
     pub nops: u32,
     /// The status slot of this rank's waits in the control block.
     pub slot: u32,
+}
+
+impl Default for P2pArgs {
+    fn default() -> Self {
+        P2pArgs {
+            ops: [P2pOpDesc::default(); MAX_OPS],
+            pieces: [P2pPiece::default(); MAX_PIECES],
+            header: 0,
+            ctl: 0,
+            timeout_ns: 0,
+            nops: 0,
+            slot: 0,
+        }
+    }
 }
 
 impl P2pArgs {
@@ -240,7 +276,8 @@ impl P2pArgs {
 #[cfg(target_arch = "nvptx64")]
 mod dev {
     use super::{
-        kind, word, P2pArgs, P2pOpDesc, CONSUMED, DATA, MAX_OPS, RECVD, SENT, SLOTS, SLOT_BYTES,
+        kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_OPS, RECVD, SENT, SLOTS,
+        SLOT_BYTES,
     };
     use crate::ctl::{fence_sys, store_release, wait_at_least};
     use crate::prim::Grid;
@@ -300,6 +337,59 @@ mod dev {
         }
         each!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
         sel
+    }
+
+    /// Piece `i` of `args`, read with constant indices only (selects, no local memory).
+    #[inline(always)]
+    fn piece(args: &P2pArgs, i: u32) -> P2pPiece {
+        let mut sel = P2pPiece::default();
+        let mut k = 0;
+        while k < super::MAX_PIECES {
+            if i as usize == k {
+                sel = args.pieces[k];
+            }
+            k += 1;
+        }
+        sel
+    }
+
+    /// Bytes `[at, at + len)` of the byte stream of `o`'s pieces to (`to_slot`) or from the
+    /// slot `slot`, by the threads of this block.
+    #[inline(always)]
+    unsafe fn chunk(
+        args: &P2pArgs,
+        o: &P2pOpDesc,
+        tid: usize,
+        threads: usize,
+        (at, len): (u64, u64),
+        slot: u64,
+        to_slot: bool,
+    ) {
+        let end = at + len;
+        let mut off = 0u64;
+        let mut idx = 0;
+        while idx < o.npieces && off < end {
+            let pc = piece(args, o.first_piece + idx);
+            let lo = if at > off { at } else { off };
+            let hi = if end < off + pc.bytes {
+                end
+            } else {
+                off + pc.bytes
+            };
+            if lo < hi {
+                let (user, s) = (pc.user + (lo - off), slot + (lo - at));
+                // SAFETY: per the caller, the piece and the slot hold these bytes.
+                unsafe {
+                    if to_slot {
+                        copy(tid, threads, user, s, (hi - lo) as usize);
+                    } else {
+                        copy(tid, threads, s, user, (hi - lo) as usize);
+                    }
+                }
+            }
+            off += pc.bytes;
+            idx += 1;
+        }
     }
 
     /// The body of `ringccl_p2p` (see the module docs).
@@ -389,12 +479,7 @@ mod dev {
                             SLOT_BYTES
                         };
                         let slot = slots + (k % SLOTS as u64) * SLOT_BYTES as u64;
-                        let user = o.user + at as u64;
-                        if send {
-                            copy(tid, threads, user, slot, len);
-                        } else {
-                            copy(tid, threads, slot, user, len);
-                        }
+                        chunk(args, &o, tid, threads, (at as u64, len as u64), slot, send);
                         // Every thread's stores (a send) or loads (a receive) of the chunk come
                         // before the signal, at system scope.
                         fence_sys();
@@ -446,7 +531,8 @@ mod tests {
                 assert_eq!(total, chunks(bytes), "{bytes} bytes, cap {cap}");
             }
         }
-        assert_eq!(core::mem::size_of::<P2pOpDesc>(), 48);
+        assert_eq!(core::mem::size_of::<P2pOpDesc>(), 56);
+        assert_eq!(core::mem::size_of::<P2pPiece>(), 16);
         assert!(core::mem::size_of::<P2pArgs>() <= 4096);
     }
 

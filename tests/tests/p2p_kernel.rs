@@ -1,8 +1,8 @@
 //! GPU test of point-to-point groups among processes on the one-kernel path (device-side
 //! counters): every size from 0 bytes to several slots per channel, all-to-all with self-sends
 //! (both directions at once between every pair), ring shifts, many iterations on several
-//! streams with buffers freed and re-allocated between groups, groups on the scratch path and
-//! collectives interleaved, and captured groups replayed 100 times among eager groups and
+//! streams with buffers freed and re-allocated between groups, byte streams over several
+//! buffers (to peers and to itself) and collectives interleaved, and captured groups replayed 100 times among eager groups and
 //! another graph; every received byte checked.
 //!
 //! `p2p_groups_across_processes` (2+ GPUs, or `RINGCCL_TEST_PROCESSES=N` with N processes on
@@ -188,8 +188,8 @@ fn rank_p2p() {
     );
 
     // 2. Many small groups: ring shifts (to the next rank, from the previous one) on alternating
-    // streams, buffers freed and re-allocated every group, with groups on the scratch path
-    // (two sends to one peer) and an all-reduce in between.
+    // streams, buffers freed and re-allocated every group, with groups whose streams span
+    // several buffers and an all-reduce in between.
     let next = (r + 1) % n;
     let prev = (r + n - 1) % n;
     for it in 0..200u64 {
@@ -201,24 +201,34 @@ fn rank_p2p() {
         bad += g.check(s, r, &[prev], 1000 + it, &format!("ring shift {it}"));
         drop(g);
         if it % 25 == 7 {
-            // The scratch path: one byte stream in two sends.
-            let half = 5000;
+            // One byte stream in two sends (across a chunk boundary), received into one
+            // buffer; to itself, one send received into two buffers.
+            let (half, own) = (SLOT + 5000, 3001);
             let a = s.clone_htod(&pattern(it, r, next, half)).expect("upload");
             let b = s
                 .clone_htod(&pattern(it + 1, r, next, half))
                 .expect("upload");
+            let mine = s.clone_htod(&pattern(it, r, r, 2 * own)).expect("upload");
             let mut got = s.alloc_zeros::<u8>(2 * half).expect("alloc");
+            let mut own_a = s.alloc_zeros::<u8>(own).expect("alloc");
+            let mut own_b = s.alloc_zeros::<u8>(own).expect("alloc");
             let mut ops = [
                 PeerOp::send(r, next, &a, half),
+                PeerOp::recv(r, r, &mut own_a, own),
                 PeerOp::send(r, next, &b, half),
+                PeerOp::send(r, r, &mine, 2 * own),
                 PeerOp::recv(r, prev, &mut got, 2 * half),
+                PeerOp::recv(r, r, &mut own_b, own),
             ];
             comm.peer_ops(&mut ops, &[s])
-                .expect("a group on the scratch path");
+                .expect("streams over several buffers");
             let got = s.clone_dtoh(&got).expect("download");
             let mut want = pattern(it, prev, r, half);
             want.extend(pattern(it + 1, prev, r, half));
             bad += usize::from(got != want);
+            let mut own_got = s.clone_dtoh(&own_a).expect("download");
+            own_got.extend(s.clone_dtoh(&own_b).expect("download"));
+            bad += usize::from(own_got != pattern(it, r, r, 2 * own));
             // A collective between the groups.
             let mut x = s.clone_htod(&vec![r as f32 + 1.0; 4097]).expect("upload");
             comm.all_reduce(&mut [Io::in_place(&mut x)], 4097, RedOp::Sum, &[s])

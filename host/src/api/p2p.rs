@@ -6,8 +6,8 @@
 //!   transfers in rounds (as [`Communicator::send_recv`] describes; `send_recv` itself checks
 //!   its transfers and then makes this call with their sends and receives);
 //! * one rank of a job of processes: this rank's operations, matched by its peers' own calls,
-//!   run as ONE kernel per rank with device-side counters where the group fits it
-//!   ([`crate::plan::p2p_kernel`]; then it can be captured into a CUDA graph), else move
+//!   run as ONE kernel per rank with device-side counters in communicators of up to 8 ranks
+//!   on one machine ([`crate::plan::p2p_kernel`]; then it can be captured into a CUDA graph), else move
 //!   through the peers' mapped scratch ([`crate::plan::p2p`], [`crate::exec::p2p`]).
 
 use cudarc::driver::{CudaStream, SyncOnDrop};
@@ -330,10 +330,10 @@ impl Communicator {
     ///   The bytes sent from `a` to `b` in a group must add up to the bytes `b` receives from
     ///   `a` in its group (as in NCCL; a mismatch cannot be seen by one rank alone, and leaves
     ///   the ranks waiting for each other). The data moves in chunks through the receiver's
-    ///   point-to-point buffer in one kernel per rank (up to 8 ranks on one machine, at most
-    ///   one send and one receive per peer in the group: such a group can also be captured
-    ///   into a CUDA graph), or else through its scratch buffer, mapped by the sender (eager
-    ///   only).
+    ///   point-to-point buffer in one kernel per rank (communicators of up to 8 ranks on one
+    ///   machine; such groups can also be captured into a CUDA graph, and use at most 64
+    ///   buffers for their transfers with peers), or else through its scratch buffer, mapped
+    ///   by the sender (eager only).
     ///
     /// ```no_run
     /// use ringccl::{Communicator, PeerOp};
@@ -436,8 +436,9 @@ impl Communicator {
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
         let mut call = self.process_call(p);
         let me = self.resources(p.rank);
-        // The one-kernel path (device-side counters): every rank over CUDA IPC, a group that
-        // fits the kernel (`plan::p2p_kernel`), the kernel loaded.
+        // The one-kernel path (device-side counters): at most 8 ranks, every one over CUDA
+        // IPC, the kernel loaded (`plan::p2p_kernel`). The choice depends on the communicator
+        // alone, so that every rank makes the same one.
         let kernel = match &p.net {
             None if me.kernels.has_p2p() => {
                 let w = &call.state.windows;
@@ -463,9 +464,9 @@ impl Communicator {
                     Some(p.rank),
                     Arg::Stream,
                     "this point-to-point group cannot be captured into a CUDA graph in a job of \
-                     processes: only groups on one machine over CUDA IPC, of at most 8 ranks, \
-                     with at most one send and one receive per peer, run on the capturable \
-                     kernel (the others number their signals on the host); call it eagerly",
+                     processes: only communicators of at most 8 ranks, all on one machine over \
+                     CUDA IPC, run their groups on the capturable kernel (the others number \
+                     their signals on the host); call it eagerly",
                 ));
             }
             // The graph keeps the communicator's device resources (the point-to-point buffers

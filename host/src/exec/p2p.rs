@@ -8,9 +8,9 @@
 //! starts after this rank's previous call and records its end. CUDA-graph capture is refused
 //! by the caller (the counters' values would be frozen into the graph).
 //!
-//! [`execute_kernel`] runs a group that fits the point-to-point kernel
-//! ([`crate::plan::p2p_kernel`]) instead: ONE launch, its counters on the device, which can be
-//! captured.
+//! [`execute_kernel`] runs a group on the point-to-point kernel instead (communicators of up to
+//! 8 ranks over CUDA IPC: [`crate::plan::p2p_kernel`]): ONE launch, its counters on the
+//! device, which can be captured.
 
 use cudarc::driver::CudaStream;
 
@@ -48,29 +48,41 @@ pub(crate) fn execute(
 /// Hook: where the previous call ran on the same stream, the event wait and record are
 /// redundant (stream order suffices); they go once calls keep their order per stream.
 ///
+/// The local copies of `plan.copies` (a rank's sends to itself and receives from itself over
+/// several buffers) are enqueued before the kernel (`cuMemcpyDtoDAsync`).
+///
 /// # Safety
-/// `args` comes from [`crate::plan::p2p_kernel::plan`] for this rank's windows: its user
+/// `plan` comes from [`crate::plan::p2p_kernel::plan`] for this rank's windows: its user
 /// addresses are the caller's validated buffers (tracked until the kernel has run), every other
 /// address is a point-to-point buffer of the communicator, mapped for its life.
 pub(crate) unsafe fn execute_kernel(
     call: &mut ProcessCall<'_>,
-    args: &gpu_kernels::p2p::P2pArgs,
+    plan: &crate::plan::p2p_kernel::KernelPlan,
     stream: &CudaStream,
 ) -> Result<()> {
     let r = call.state.rank;
+    let args = &plan.args;
     call.health.check()?;
-    if args.blocks() == 0 {
+    if args.blocks() == 0 && plan.copies.is_empty() {
         return Ok(());
     }
     let capturing = call.capturing;
     if !capturing {
         begin(call, stream)?;
     }
+    let copied = plan.copies.iter().try_for_each(|&(src, dst, bytes)| {
+        // SAFETY: `src` and `dst` are `bytes` within this rank's validated send and receive
+        // buffers (the caller's contract), which do not overlap.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+            .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))
+    });
     // SAFETY: the caller's contract.
-    let launched = call
-        .health
-        .injected_failure(r)
-        .and_then(|()| unsafe { call.me.kernels.launch_p2p(stream, args) });
+    let launched = copied.and_then(|()| call.health.injected_failure(r)).and_then(|()| {
+        if args.blocks() == 0 {
+            return Ok(());
+        }
+        unsafe { call.me.kernels.launch_p2p(stream, args) }
+    });
     if let Err(cause) = launched {
         if capturing {
             // Nothing ran: the peers' parts are only captured too; the caller has the error.

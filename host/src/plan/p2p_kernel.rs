@@ -4,13 +4,14 @@
 //! buffers and is advanced by the kernel, so the plan holds no value that changes from one call
 //! to the next for the same buffers: a CUDA graph that captured the launch replays correctly.
 //!
-//! A group runs on the kernel when the communicator has at most
-//! [`MAX_RANKS`](gpu_kernels::p2p::MAX_RANKS) ranks, all reached over CUDA IPC, and it has at
-//! most one send and one receive per peer (and at most one of each to itself, of equal bytes);
-//! other groups take the scratch path ([`super::p2p`]), which cannot be captured.
+//! Every group of a communicator of at most [`MAX_RANKS`](gpu_kernels::p2p::MAX_RANKS) ranks,
+//! all reached over CUDA IPC, runs on the kernel (the choice must be the same on every rank,
+//! so it depends on nothing but the communicator); larger communicators keep the scratch path
+//! ([`super::p2p`]), which cannot be captured.
 
 use gpu_kernels::p2p::{
-    channel_offset, channels, kind, word, P2pArgs, P2pOpDesc, CONSUMED, DATA, MAX_OPS, MAX_RANKS,
+    channel_offset, channels, kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_PIECES,
+    MAX_RANKS,
 };
 
 use super::p2p::{Dir, P2pOp};
@@ -37,10 +38,25 @@ pub struct KernelEnv<'a> {
     pub slot: u32,
 }
 
-/// The kernel's parameter for this rank's group `ops` (buffer `addrs[i]` for `ops[i]`), or
-/// `None` if the group cannot run on the kernel (see the module docs). Operations of 0 bytes
-/// are left out. Errors if a peer is out of range or the bytes this rank sends to itself differ
-/// from those it receives from itself.
+/// A group on the kernel: its parameter, and the local copies (source, destination, bytes)
+/// enqueued before it where a rank's sends to itself and receives from itself are not one
+/// buffer each (those are in the kernel).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelPlan {
+    /// The kernel's parameter.
+    pub args: P2pArgs,
+    /// Copies enqueued before the kernel.
+    pub copies: Vec<(u64, u64, usize)>,
+}
+
+/// The kernel plan of this rank's group `ops` (buffer `addrs[i]` for `ops[i]`), or `None` if
+/// the communicator's groups cannot run on the kernel (more than
+/// [`MAX_RANKS`](gpu_kernels::p2p::MAX_RANKS) ranks, or a rank not reached over CUDA IPC): a
+/// decision every rank makes alike, whatever its own operations. Operations of 0 bytes are left
+/// out; the operations of one direction with one peer are one byte stream, in order. Errors if
+/// a peer is out of range, the bytes this rank sends to itself differ from those it receives
+/// from itself, or the sends and receives with peers use more than
+/// [`MAX_PIECES`](gpu_kernels::p2p::MAX_PIECES) buffers.
 ///
 /// ```
 /// use ringccl::internals::plan::p2p::{Dir, P2pOp};
@@ -50,13 +66,14 @@ pub struct KernelEnv<'a> {
 ///     P2pOp { dir: Dir::Send, peer: 1, bytes: 100 },
 ///     P2pOp { dir: Dir::Recv, peer: 1, bytes: 100 },
 /// ];
-/// let args = plan(&ops, &[0x1000, 0x2000], &env)?.expect("runs on the kernel");
-/// assert_eq!((args.nops, args.blocks()), (2, 2));
-/// // Two sends to one peer in one group take the scratch path.
-/// assert!(plan(&[ops[0], ops[0]], &[0x1000, 0x3000], &env)?.is_none());
+/// let p = plan(&ops, &[0x1000, 0x2000], &env)?.expect("runs on the kernel");
+/// assert_eq!((p.args.nops, p.args.blocks()), (2, 2));
+/// // Two sends to one peer: one stream over two buffers.
+/// let p = plan(&[ops[0], ops[0]], &[0x1000, 0x3000], &env)?.expect("runs on the kernel");
+/// assert_eq!((p.args.nops, p.args.ops[0].npieces, p.args.ops[0].bytes), (1, 2, 200));
 /// # Ok::<(), ringccl::Error>(())
 /// ```
-pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<P2pArgs>> {
+pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<KernelPlan>> {
     let (me, n) = (env.rank, env.bufs.len());
     if ops.len() != addrs.len() {
         return Err(Error::Internal {
@@ -68,32 +85,26 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
             reason: format!("rank {me} of {n} point-to-point buffers"),
         });
     }
-    // Per peer and direction: the one operation (index), if any.
-    let mut send = [None; MAX_RANKS];
-    let mut recv = [None; MAX_RANKS];
-    let (mut self_sent, mut self_recvd) = (0usize, 0usize);
-    let mut fits = n <= MAX_RANKS && env.bufs.iter().all(|&b| b != 0);
-    for (i, o) in ops.iter().enumerate() {
+    // Per peer and direction: the buffers, in order.
+    let mut sends: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
+    let mut recvs: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
+    for (o, &addr) in ops.iter().zip(addrs) {
         if o.peer >= n {
             return Err(Error::invalid(Some(me), Arg::Peer, format!("peer {} of {n} ranks", o.peer)));
         }
-        if o.bytes == 0 {
-            continue;
-        }
-        let (table, total) = match o.dir {
-            Dir::Send => (&mut send, &mut self_sent),
-            Dir::Recv => (&mut recv, &mut self_recvd),
-        };
-        if o.peer == me {
-            *total = total.saturating_add(o.bytes);
-        }
-        match table.get_mut(o.peer) {
-            Some(slot @ None) => *slot = Some(i),
-            // A second operation of the pair (one byte stream over several buffers), or more
-            // ranks than the kernel serves.
-            _ => fits = false,
+        if o.bytes > 0 {
+            match o.dir {
+                Dir::Send => sends[o.peer].push((addr, o.bytes)),
+                Dir::Recv => recvs[o.peer].push((addr, o.bytes)),
+            }
         }
     }
+    let total = |v: &[(u64, usize)]| v.iter().map(|p| p.1).try_fold(0usize, usize::checked_add);
+    let overflow = || Error::invalid(Some(me), Arg::Count, "point-to-point byte counts overflow");
+    let (self_sent, self_recvd) = (
+        total(&sends[me]).ok_or_else(overflow)?,
+        total(&recvs[me]).ok_or_else(overflow)?,
+    );
     if self_sent != self_recvd {
         return Err(Error::invalid(
             Some(me),
@@ -101,8 +112,20 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
             format!("rank {me} sends {self_sent} bytes to itself but receives {self_recvd} from itself"),
         ));
     }
-    if !fits {
+    if n > MAX_RANKS || env.bufs.contains(&0) {
         return Ok(None);
+    }
+    let npieces: usize = (0..n).filter(|&q| q != me).map(|q| sends[q].len() + recvs[q].len()).sum();
+    if npieces > MAX_PIECES {
+        return Err(Error::invalid(
+            Some(me),
+            Arg::Count,
+            format!(
+                "this rank's point-to-point group sends from and receives into {npieces} buffers \
+                 of its peers' transfers; one group takes at most {MAX_PIECES}: split it into \
+                 several groups"
+            ),
+        ));
     }
     let mut args = P2pArgs {
         header: env.bufs[me],
@@ -111,65 +134,96 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
         slot: env.slot,
         ..P2pArgs::default()
     };
-    let (mut nops, mut block) = (0usize, 0u32);
-    let mut push = |d: P2pOpDesc| -> Result<()> {
+    let mut copies = Vec::new();
+    let (mut nops, mut block, mut piece) = (0usize, 0u32, 0usize);
+    let as_u32 = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    let off = |base: u64, bytes: usize| base + bytes as u64;
+    let mut push = |args: &mut P2pArgs, d: P2pOpDesc, buffers: &[(u64, usize)]| -> Result<()> {
         let row = args.ops.get_mut(nops).ok_or_else(|| Error::Internal {
-            reason: format!("more than {MAX_OPS} point-to-point operations"),
+            reason: "more point-to-point operations than the kernel takes".into(),
         })?;
-        *row = P2pOpDesc { first_block: block, ..d };
+        *row = P2pOpDesc {
+            first_block: block,
+            first_piece: as_u32(piece),
+            npieces: as_u32(buffers.len()),
+            ..d
+        };
+        for &(user, bytes) in buffers {
+            let p = args.pieces.get_mut(piece).ok_or_else(|| Error::Internal {
+                reason: "more point-to-point buffers than the kernel takes".into(),
+            })?;
+            *p = P2pPiece { user, bytes: bytes as u64 };
+            piece += 1;
+        }
         block = block.saturating_add(d.channels);
         nops += 1;
         Ok(())
     };
-    let as_u32 = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-    let off = |base: u64, bytes: usize| base + bytes as u64;
     for q in 0..n {
         if q == me {
-            if let (Some(s), Some(r)) = (send[q], recv[q]) {
-                let bytes = ops[s].bytes;
-                let blocks = bytes.div_ceil(COPY_BYTES_PER_BLOCK).clamp(1, env.cap.max(1));
-                push(P2pOpDesc {
-                    kind: kind::COPY,
-                    peer: as_u32(me),
-                    channels: as_u32(blocks),
-                    first_block: 0,
-                    bytes: bytes as u64,
-                    user: addrs[s],
-                    slots: addrs[r],
-                    remote: 0,
-                })?;
+            match (&sends[q][..], &recvs[q][..]) {
+                ([], []) => {}
+                (&[(src, bytes)], &[(dst, _)]) => {
+                    let blocks = bytes.div_ceil(COPY_BYTES_PER_BLOCK).clamp(1, env.cap.max(1));
+                    let d = P2pOpDesc {
+                        kind: kind::COPY,
+                        peer: as_u32(me),
+                        channels: as_u32(blocks),
+                        bytes: bytes as u64,
+                        user: src,
+                        slots: dst,
+                        ..P2pOpDesc::default()
+                    };
+                    push(&mut args, d, &[])?;
+                }
+                (s, r) => copies = segments(s, r),
             }
             continue;
         }
-        if let Some(s) = send[q] {
-            let bytes = ops[s].bytes;
-            push(P2pOpDesc {
-                kind: kind::SEND,
+        for (dir, buffers) in [(kind::SEND, &sends[q]), (kind::RECV, &recvs[q])] {
+            if buffers.is_empty() {
+                continue;
+            }
+            let bytes = total(buffers).ok_or_else(overflow)?;
+            let (slots, remote) = if dir == kind::SEND {
+                (off(env.bufs[q], channel_offset(me, 0)), off(env.bufs[q], 8 * word(DATA, me, 0)))
+            } else {
+                (off(env.bufs[me], channel_offset(q, 0)), off(env.bufs[q], 8 * word(CONSUMED, me, 0)))
+            };
+            let d = P2pOpDesc {
+                kind: dir,
                 peer: as_u32(q),
                 channels: as_u32(channels(bytes, env.cap)),
-                first_block: 0,
                 bytes: bytes as u64,
-                user: addrs[s],
-                slots: off(env.bufs[q], channel_offset(me, 0)),
-                remote: off(env.bufs[q], 8 * word(DATA, me, 0)),
-            })?;
-        }
-        if let Some(r) = recv[q] {
-            let bytes = ops[r].bytes;
-            push(P2pOpDesc {
-                kind: kind::RECV,
-                peer: as_u32(q),
-                channels: as_u32(channels(bytes, env.cap)),
-                first_block: 0,
-                bytes: bytes as u64,
-                user: addrs[r],
-                slots: off(env.bufs[me], channel_offset(q, 0)),
-                remote: off(env.bufs[q], 8 * word(CONSUMED, me, 0)),
-            })?;
+                slots,
+                remote,
+                ..P2pOpDesc::default()
+            };
+            push(&mut args, d, buffers)?;
         }
     }
     args.nops = as_u32(nops);
-    Ok(Some(args))
+    Ok(Some(KernelPlan { args, copies }))
+}
+
+/// The copies (source, destination, bytes) that move the byte stream of buffers `from` into
+/// that of buffers `to` (equal totals).
+fn segments(from: &[(u64, usize)], to: &[(u64, usize)]) -> Vec<(u64, u64, usize)> {
+    let mut out = Vec::new();
+    let (mut i, mut j, mut a, mut b) = (0, 0, 0usize, 0usize);
+    while i < from.len() && j < to.len() {
+        let len = (from[i].1 - a).min(to[j].1 - b);
+        out.push((from[i].0 + a as u64, to[j].0 + b as u64, len));
+        a += len;
+        b += len;
+        if a == from[i].1 {
+            (i, a) = (i + 1, 0);
+        }
+        if b == to[j].1 {
+            (j, b) = (j + 1, 0);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ impl Mem {
 /// One block of a launched group.
 struct Block {
     op: P2pOpDesc,
+    pieces: Vec<P2pPiece>,
     c: usize,
     base: u64,
     j: usize,
@@ -56,14 +57,19 @@ struct Block {
 
 struct Rank {
     header: u64,
-    groups: Vec<P2pArgs>,
+    groups: Vec<KernelPlan>,
     next: usize,
     blocks: Vec<Block>,
 }
 
 fn start(mem: &mut Mem, r: &mut Rank) {
-    let Some(args) = r.groups.get(r.next) else { return };
+    let Some(p) = r.groups.get(r.next) else { return };
     r.next += 1;
+    // The copies before the kernel, in stream order.
+    for &(src, dst, len) in &p.copies {
+        mem.copy(src, dst, len);
+    }
+    let args = &p.args;
     for o in &args.ops[..args.nops as usize] {
         for c in 0..o.channels as usize {
             let (base, n) = match o.kind {
@@ -74,7 +80,7 @@ fn start(mem: &mut Mem, r: &mut Rank) {
                 }
                 _ => (0, usize::from(c == 0)),
             };
-            r.blocks.push(Block { op: *o, c, base, j: 0, n });
+            r.blocks.push(Block { op: *o, pieces: args.pieces[o.first_piece as usize..][..o.npieces as usize].to_vec(), c, base, j: 0, n });
         }
     }
 }
@@ -104,11 +110,24 @@ fn step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
     let slot = o.slots + (c * SLOTS * SLOT_BYTES) as u64 + (k % SLOTS as u64) * SLOT_BYTES as u64;
     if send {
         assert!(!mem.full.contains_key(&slot), "slot {slot:#x} refilled before chunk was taken out");
-        mem.copy(o.user + at as u64, slot, len);
         mem.full.insert(slot, k);
     } else {
         assert_eq!(mem.full.remove(&slot), Some(k), "slot {slot:#x} does not hold chunk {k}");
-        mem.copy(slot, o.user + at as u64, len);
+    }
+    // The chunk's bytes across the pieces (as the kernel's `chunk`).
+    let (at, end) = (at as u64, (at + len) as u64);
+    let mut off = 0u64;
+    for pc in &b.pieces {
+        let (lo, hi) = (at.max(off), end.min(off + pc.bytes));
+        if lo < hi {
+            let (user, s) = (pc.user + (lo - off), slot + (lo - at));
+            if send {
+                mem.copy(user, s, (hi - lo) as usize);
+            } else {
+                mem.copy(s, user, (hi - lo) as usize);
+            }
+        }
+        off += pc.bytes;
     }
     mem.write(o.remote + 8 * c as u64, k + 1);
     b.j += 1;
@@ -129,8 +148,19 @@ impl Lcg {
 
 /// Runs `groups[g][s][d]` bytes from `s` to `d` (`s == d`: a local copy) on `n` ranks, every
 /// group's buffers fresh, and checks every received byte.
-#[allow(clippy::needless_range_loop)]
+fn sim_byte(g: usize, src: usize, dst: usize, i: usize) -> u8 {
+    let x = (i as u64) ^ ((g as u64) << 40) ^ ((src as u64) << 52) ^ ((dst as u64) << 58);
+    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
+}
+
+/// As [`run_split`], every stream in one buffer per side.
 fn run(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize) {
+    run_split(n, groups, seed, cap, 1)
+}
+
+/// Runs the groups with every stream cut into up to `split` buffers on each side.
+#[allow(clippy::needless_range_loop)]
+fn run_split(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize, split: usize) {
     let mut mem = Mem::default();
     let mut rng = Lcg(seed);
     let bufs: Vec<u64> = (0..n).map(|q| (q as u64 + 1) << 40).collect();
@@ -148,30 +178,63 @@ fn run(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize) {
             let mut addrs = Vec::new();
             for q in 0..n {
                 for (dir, bytes) in [(Dir::Send, m[me][q]), (Dir::Recv, m[q][me])] {
-                    let addr = next_user;
-                    next_user += (bytes as u64 + 4096).next_multiple_of(4096);
-                    mem.alloc(addr, bytes);
-                    if dir == Dir::Send {
-                        let fill: Vec<u8> = (0..bytes).map(|i| (i * 31 + g * 7 + me * 3 + q) as u8).collect();
-                        mem.at(addr, bytes).copy_from_slice(&fill);
-                    } else {
-                        let want: Vec<u8> = (0..bytes).map(|i| (i * 31 + g * 7 + q * 3 + me) as u8).collect();
-                        checks.push((addr, want));
+                    let (src, dst) = if dir == Dir::Send { (me, q) } else { (q, me) };
+                    // The stream in up to `split` buffers, cut independently on each side.
+                    let mut cuts = vec![0, bytes];
+                    for _ in 1..split {
+                        cuts.push(rng.next() as usize % (bytes + 1));
                     }
-                    ops.push(P2pOp { dir, peer: q, bytes });
-                    addrs.push(addr);
+                    cuts.sort_unstable();
+                    for w in cuts.windows(2) {
+                        let (from, len) = (w[0], w[1] - w[0]);
+                        let addr = next_user + (rng.next() % 16);
+                        next_user += (len as u64 + 4096).next_multiple_of(4096);
+                        mem.alloc(addr, len);
+                        let data: Vec<u8> = (from..from + len).map(|i| sim_byte(g, src, dst, i)).collect();
+                        if dir == Dir::Send {
+                            mem.at(addr, len).copy_from_slice(&data);
+                        } else {
+                            checks.push((addr, data));
+                        }
+                        ops.push(P2pOp { dir, peer: q, bytes: len });
+                        addrs.push(addr);
+                    }
                 }
             }
-            // Any order of the operations.
-            for i in (1..ops.len()).rev() {
+            // Any order of the operations, keeping each stream's own order.
+            let mut order: Vec<usize> = (0..ops.len()).collect();
+            for i in (1..order.len()).rev() {
                 let j = rng.next() as usize % (i + 1);
-                ops.swap(i, j);
-                addrs.swap(i, j);
+                order.swap(i, j);
             }
+            let mut keyed: Vec<(usize, usize)> = Vec::new();
+            for (slot, &i) in order.iter().enumerate() {
+                keyed.push((slot, i));
+            }
+            // Stable within a stream: sort each stream's operations back into stream order
+            // over the slots the shuffle gave the stream.
+            let stream_of = |o: &P2pOp| (o.dir == Dir::Send, o.peer);
+            let mut by_stream: HashMap<(bool, usize), Vec<usize>> = HashMap::new();
+            for &(slot, i) in &keyed {
+                by_stream.entry(stream_of(&ops[i])).or_default().push(slot);
+            }
+            let mut placed = vec![0usize; ops.len()];
+            let mut per_stream: HashMap<(bool, usize), Vec<usize>> = HashMap::new();
+            for (i, o) in ops.iter().enumerate() {
+                per_stream.entry(stream_of(o)).or_default().push(i);
+            }
+            for (key, mut slots) in by_stream {
+                slots.sort_unstable();
+                for (slot, &i) in slots.iter().zip(&per_stream[&key]) {
+                    placed[*slot] = i;
+                }
+            }
+            let ops: Vec<P2pOp> = placed.iter().map(|&i| ops[i]).collect();
+            let addrs: Vec<u64> = placed.iter().map(|&i| addrs[i]).collect();
             let env = KernelEnv { rank: me, bufs: &bufs, cap, ctl: 8, timeout_ns: 0, slot: 0 };
-            let args = plan(&ops, &addrs, &env).unwrap().expect("fits the kernel");
-            assert!(args.blocks() as usize <= (2 * n - 1) * cap.max(1));
-            rank.groups.push(args);
+            let p = plan(&ops, &addrs, &env).unwrap().expect("fits the kernel");
+            assert!(p.args.blocks() as usize <= (2 * n - 1) * cap.max(1));
+            rank.groups.push(p);
         }
     }
     for r in &mut ranks {
@@ -251,21 +314,40 @@ fn four_ranks_all_to_all_many_groups() {
 }
 
 #[test]
-fn groups_that_do_not_fit_take_the_scratch_path() {
+fn streams_over_several_buffers_on_either_side() {
+    let mut rng = Lcg(7);
+    let groups: Vec<Vec<Vec<usize>>> = (0..8)
+        .map(|_| {
+            (0..3)
+                .map(|_| (0..3).map(|_| (rng.next() % (4 * SLOT_BYTES as u64)) as usize).collect())
+                .collect()
+        })
+        .collect();
+    for seed in 0..3 {
+        run_split(3, &groups, seed, 2, 3);
+    }
+}
+
+#[test]
+fn the_choice_depends_on_the_communicator_alone() {
     let bufs = [1u64 << 40, 2 << 40, 3 << 40];
     let env = KernelEnv { rank: 0, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 0, slot: 0 };
     let s = |peer, bytes| P2pOp { dir: Dir::Send, peer, bytes };
     let r = |peer, bytes| P2pOp { dir: Dir::Recv, peer, bytes };
-    // Two sends to one peer.
-    assert!(plan(&[s(1, 8), s(1, 8)], &[1, 2], &env).unwrap().is_none());
-    // Two receives from itself (one matching send of their total): a byte stream.
-    assert!(plan(&[s(0, 16), r(0, 8), r(0, 8)], &[1, 2, 3], &env).unwrap().is_none());
-    // Zero-byte operations do not count.
-    assert!(plan(&[s(1, 8), s(1, 0)], &[1, 2], &env).unwrap().is_some());
-    // A peer on another machine (no mapped buffer).
+    // Several buffers per stream, and to itself: on the kernel (the self-copies before it).
+    let p = plan(&[s(1, 8), s(1, 8), s(0, 16), r(0, 8), r(0, 8)], &[1, 2, 3, 4, 5], &env).unwrap().unwrap();
+    assert_eq!(p.args.nops, 1);
+    assert_eq!(p.copies, vec![(3, 4, 8), (11, 5, 8)]);
+    // One buffer each way to itself: a copy in the kernel.
+    let p = plan(&[s(0, 16), r(0, 16)], &[3, 4], &env).unwrap().unwrap();
+    assert_eq!((p.args.nops, p.args.ops[0].kind, p.copies.len()), (1, kind::COPY, 0));
+    // Zero-byte operations are left out.
+    assert_eq!(plan(&[s(1, 8), s(1, 0)], &[1, 2], &env).unwrap().unwrap().args.ops[0].npieces, 1);
+    // A peer on another machine (no mapped buffer), or more ranks than the kernel serves: the
+    // scratch path, whatever the operations.
     let remote = KernelEnv { bufs: &[1 << 40, 0, 3 << 40], ..env };
     assert!(plan(&[s(2, 8)], &[1], &remote).unwrap().is_none());
-    // More ranks than the kernel serves.
+    assert!(plan(&[], &[], &remote).unwrap().is_none());
     let many: Vec<u64> = (1..=9).map(|q| q << 40).collect();
     assert!(plan(&[s(1, 8)], &[1], &KernelEnv { bufs: &many, ..env }).unwrap().is_none());
     // Bad input is an error, not a fallback.
@@ -273,6 +355,9 @@ fn groups_that_do_not_fit_take_the_scratch_path() {
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     assert!(plan(&[s(3, 8)], &[1], &env).is_err());
     assert!(plan(&[s(1, 8)], &[], &env).is_err());
+    let lots: Vec<P2pOp> = (0..65).map(|_| s(1, 1)).collect();
+    let e = plan(&lots, &[1; 65], &env).unwrap_err();
+    assert!(e.to_string().contains("at most 64"), "{e}");
 }
 
 #[test]
@@ -280,7 +365,7 @@ fn the_plan_points_at_the_peers_buffers() {
     let bufs = [1u64 << 40, 2 << 40];
     let env = KernelEnv { rank: 1, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 5, slot: 0 };
     let ops = [P2pOp { dir: Dir::Send, peer: 0, bytes: 3 * SLOT_BYTES }, P2pOp { dir: Dir::Recv, peer: 0, bytes: 10 }];
-    let a = plan(&ops, &[0x10, 0x20], &env).unwrap().unwrap();
+    let a = plan(&ops, &[0x10, 0x20], &env).unwrap().unwrap().args;
     assert_eq!(a.header, bufs[1]);
     let (s, r) = (a.ops[0], a.ops[1]);
     assert_eq!((s.kind, s.channels, s.first_block), (kind::SEND, 3, 0));
@@ -290,4 +375,6 @@ fn the_plan_points_at_the_peers_buffers() {
     assert_eq!(r.slots, bufs[1] + channel_offset(0, 0) as u64);
     assert_eq!(r.remote, bufs[0] + 8 * word(CONSUMED, 1, 0) as u64);
     assert_eq!(a.blocks(), 4);
+    assert_eq!((s.first_piece, s.npieces, r.first_piece, r.npieces), (0, 1, 1, 1));
+    assert_eq!(a.pieces[0], P2pPiece { user: 0x10, bytes: 3 * SLOT_BYTES as u64 });
 }
