@@ -343,13 +343,17 @@ mod dev {
     #[inline(always)]
     fn piece(args: &P2pArgs, i: u32) -> P2pPiece {
         let mut sel = P2pPiece::default();
-        let mut k = 0;
-        while k < super::MAX_PIECES {
-            if i as usize == k {
-                sel = args.pieces[k];
-            }
-            k += 1;
+        // Literal indices: a loop the compiler does not unroll would copy the parameter into
+        // local memory (a stack frame) to index it.
+        macro_rules! each {
+            ($($k:literal)*) => {$(
+                if $k < super::MAX_PIECES && i == $k {
+                    sel = args.pieces[$k];
+                }
+            )*};
         }
+        each!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+              32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
         sel
     }
 
