@@ -188,7 +188,7 @@ pub const fn channel_cap(blocks: usize, nranks: usize) -> usize {
 }
 
 /// One operation of a [`P2pArgs`]: what one run of blocks `first_block .. first_block +
-/// channels` does.
+/// channels` does (an example at [`P2pArgs`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct P2pOpDesc {
@@ -218,6 +218,11 @@ pub struct P2pOpDesc {
 }
 
 /// One buffer of a send's or receive's byte stream.
+///
+/// ```
+/// let p = gpu_kernels::p2p::P2pPiece { user: 0x1000, bytes: 256 };
+/// assert_eq!(core::mem::size_of_val(&p), 16);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct P2pPiece {
@@ -228,6 +233,15 @@ pub struct P2pPiece {
 }
 
 /// The kernel's one parameter (passed by value: nothing is copied to the device per call).
+///
+/// ```
+/// use gpu_kernels::p2p::{kind, P2pArgs, P2pOpDesc};
+/// let mut a = P2pArgs::default();
+/// a.ops[0] = P2pOpDesc { kind: kind::SEND, peer: 1, channels: 4, bytes: 1 << 20, ..Default::default() };
+/// a.nops = 1;
+/// assert_eq!(a.blocks(), 4);
+/// assert!(core::mem::size_of::<P2pArgs>() <= 4096); // the kernel parameter limit
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pArgs {

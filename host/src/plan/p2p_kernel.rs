@@ -22,6 +22,13 @@ use crate::{Arg, Error, Result};
 pub const COPY_BYTES_PER_BLOCK: usize = 64 << 10;
 
 /// Where the kernel's memory is: the control block and the ranks' buffers.
+///
+/// ```
+/// use ringccl::internals::plan::p2p_kernel::KernelEnv;
+/// let cap = gpu_kernels::p2p::channel_cap(66, 2); // 132 SMs shared by 2 processes
+/// let env = KernelEnv { rank: 1, bufs: &[1 << 40, 2 << 40], cap, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// assert_eq!(env.cap, 16);
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct KernelEnv<'a> {
     /// This rank.
@@ -41,6 +48,22 @@ pub struct KernelEnv<'a> {
 /// A group on the kernel: its parameter, and the local copies (source, destination, bytes)
 /// enqueued before it where a rank's sends to itself and receives from itself are not one
 /// buffer each (those are in the kernel).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{Dir, P2pOp};
+/// use ringccl::internals::plan::p2p_kernel::{plan, KernelEnv};
+/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// // To itself: 8 bytes from 0x1000 received into two buffers of 4.
+/// let ops = [
+///     P2pOp { dir: Dir::Send, peer: 0, bytes: 8 },
+///     P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
+///     P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
+/// ];
+/// let p = plan(&ops, &[0x1000, 0x2000, 0x3000], &env)?.expect("on the kernel");
+/// assert_eq!(p.copies, vec![(0x1000, 0x2000, 4), (0x1004, 0x3000, 4)]);
+/// assert_eq!(p.args.blocks(), 0); // nothing else to do
+/// # Ok::<(), ringccl::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelPlan {
     /// The kernel's parameter.
