@@ -112,7 +112,7 @@ mod dev {
 
     /// `*p = v` with release semantics at system scope.
     #[inline(always)]
-    unsafe fn store_release(p: *mut u64, v: u64) {
+    pub(crate) unsafe fn store_release(p: *mut u64, v: u64) {
         // SAFETY: the caller guarantees `p` is a valid, aligned `u64` (generic address).
         unsafe {
             asm!("st.release.sys.u64 [{0}], {1};", in(reg64) p, in(reg64) v,
@@ -207,7 +207,7 @@ mod dev {
     /// # Safety
     /// `p` a valid `u64` flag; `ctl` the control block.
     #[inline(always)]
-    unsafe fn wait_at_least(
+    pub(crate) unsafe fn wait_at_least(
         p: *const u64,
         epoch: u64,
         ctl: *mut u64,
@@ -317,3 +317,5 @@ mod dev {
 
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use dev::{fence_sys, meet, pick, wait_geq};
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use dev::{store_release, wait_at_least};

@@ -319,3 +319,14 @@ pub unsafe extern "ptx-kernel" fn wait_geq(
     // SAFETY: forwarded from the kernel's contract.
     unsafe { crate::ctl::wait_geq(flag, value, ctl, timeout_ns, slot, peer) }
 }
+
+/// `ringccl_p2p` ([`crate::p2p::P2P_ENTRY`]): one rank's group of sends, receives and a local
+/// copy among processes, its one parameter passed by value (see [`crate::p2p`]).
+///
+/// # Safety
+/// As for [`crate::p2p`]'s device body: every address valid, the grid `args.blocks()` blocks.
+#[export_name = "ringccl_p2p"]
+pub unsafe extern "ptx-kernel" fn p2p(args: crate::p2p::P2pArgs) {
+    // SAFETY: forwarded from the kernel's contract.
+    unsafe { crate::p2p::p2p(&args) }
+}

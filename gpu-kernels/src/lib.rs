@@ -45,6 +45,7 @@ pub mod element;
 pub mod entry;
 pub mod oneshot;
 pub mod op;
+pub mod p2p;
 pub mod prim;
 pub mod twoshot;
 

@@ -364,6 +364,7 @@ pub fn static_checks(arch: &str, ptx: &str) -> Vec<String> {
     }
     let mut names: Vec<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
     names.push(WAIT_ENTRY);
+    names.push(gpu_kernels::p2p::P2P_ENTRY);
     if let Err(e) = compare_entries(&entry_names(ptx), &names) {
         errors.push(format!("{arch}: {e}"));
     }
@@ -732,6 +733,11 @@ fn run_ptxas(
                 print!("{}", ptxas::register_table(arch.sm, ENTRY_POINTS, &report));
                 errors.extend(ptxas::check(arch.sm, ENTRY_POINTS, &report));
                 errors.extend(ptxas::check_named(arch.sm, WAIT_ENTRY, &report));
+                errors.extend(ptxas::check_named(
+                    arch.sm,
+                    gpu_kernels::p2p::P2P_ENTRY,
+                    &report,
+                ));
                 println!("{}: {} bytes", arch.cubin, cubin.len());
                 cubins.push(cubin);
             }

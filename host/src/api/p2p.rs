@@ -6,7 +6,9 @@
 //!   transfers in rounds (as [`Communicator::send_recv`] describes; `send_recv` itself checks
 //!   its transfers and then makes this call with their sends and receives);
 //! * one rank of a job of processes: this rank's operations, matched by its peers' own calls,
-//!   move through the peers' mapped scratch ([`crate::plan::p2p`], [`crate::exec::p2p`]).
+//!   run as ONE kernel per rank with device-side counters in communicators of up to 8 ranks
+//!   on one machine ([`crate::plan::p2p_kernel`]; then it can be captured into a CUDA graph), else move
+//!   through the peers' mapped scratch ([`crate::plan::p2p`], [`crate::exec::p2p`]).
 
 use cudarc::driver::{CudaStream, SyncOnDrop};
 
@@ -18,6 +20,7 @@ use super::validate::{bytes, check_buf, check_common, Held};
 use crate::comm::Communicator;
 use crate::dtype::DeviceElement;
 use crate::plan::p2p::{self, Dir, P2pOp};
+use crate::plan::p2p_kernel;
 use crate::{exec, Arg, Error, Result};
 
 /// The buffer of one side of a transfer.
@@ -327,7 +330,10 @@ impl Communicator {
     ///   The bytes sent from `a` to `b` in a group must add up to the bytes `b` receives from
     ///   `a` in its group (as in NCCL; a mismatch cannot be seen by one rank alone, and leaves
     ///   the ranks waiting for each other). The data moves in chunks through the receiver's
-    ///   scratch buffer, mapped by the sender.
+    ///   point-to-point buffer in one kernel per rank (communicators of up to 8 ranks on one
+    ///   machine; such groups can also be captured into a CUDA graph, and use at most 64
+    ///   buffers for their transfers with peers), or else through its scratch buffer, mapped
+    ///   by the sender (eager only).
     ///
     /// ```no_run
     /// use ringccl::{Communicator, PeerOp};
@@ -413,16 +419,7 @@ impl Communicator {
         if args.iter().all(|o| o.count == 0) {
             return Ok(());
         }
-        if exec::capturing(streams)? {
-            return Err(Error::invalid(
-                Some(p.rank),
-                Arg::Stream,
-                "point-to-point operations cannot be captured into a CUDA graph in a job of \
-                 processes yet (their signals are numbered on the host; all-reduce, \
-                 reduce-scatter, all-gather, all-to-all, broadcast and reduce up to \
-                 RINGCCL_TWOSHOT_MAX_BYTES can): call them eagerly",
-            ));
-        }
+        let capture = exec::capture(streams)?;
         let Some(stream) = streams.first() else {
             return Err(Error::Internal {
                 reason: "no stream for this process's rank".into(),
@@ -438,12 +435,67 @@ impl Communicator {
             .collect();
         let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
         let mut call = self.process_call(p);
+        let me = self.resources(p.rank);
+        // The one-kernel path (device-side counters): at most 8 ranks, every one over CUDA
+        // IPC, the kernel loaded (`plan::p2p_kernel`). The choice depends on the communicator
+        // alone, so that every rank makes the same one.
+        let kernel = match &p.net {
+            None if me.kernels.has_p2p() => {
+                let w = &call.state.windows;
+                let env = p2p_kernel::KernelEnv {
+                    rank: p.rank,
+                    bufs: w.p2p(),
+                    cap: gpu_kernels::p2p::channel_cap(w.two_shot_sms() as usize, p.nranks),
+                    ctl: self.health().ctl(),
+                    timeout_ns: self.health().timeout_ns(),
+                    slot: 0,
+                };
+                if w.p2p().len() == p.nranks {
+                    p2p_kernel::plan(&pops, &bufs, &env)?
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        if let Some(capture) = &capture {
+            if kernel.is_none() {
+                return Err(Error::invalid(
+                    Some(p.rank),
+                    Arg::Stream,
+                    "this point-to-point group cannot be captured into a CUDA graph in a job of \
+                     processes: only communicators of at most 8 ranks, all on one machine over \
+                     CUDA IPC, run their groups on the capturable kernel (the others number \
+                     their signals on the host); call it eagerly",
+                ));
+            }
+            // The graph keeps the communicator's device resources (the point-to-point buffers
+            // among them) alive.
+            self.keep_alive_in(capture)?;
+            call.capturing = true;
+        }
+        if let Some(kargs) = &kernel {
+            // cudarc's event tracking of the buffers, not while capturing (as the collectives).
+            let guards: Vec<SyncOnDrop<'_>> = ops
+                .iter_mut()
+                .filter(|o| o.count > 0 && capture.is_none())
+                .map(|o| o.track(stream.as_ref()))
+                .collect();
+            // SAFETY: `kargs` was planned for this rank's windows just above: its user
+            // addresses are the operations' buffers, validated above (on this rank's device,
+            // `pops[i].bytes` long, receives overlapping nothing else of the group) and tracked
+            // until the group's work on `stream` has ended (`guards`, eager) or, captured,
+            // the caller's to keep alive as with NCCL; its other addresses are the
+            // communicator's point-to-point buffers, mapped for its life (and a graph's).
+            let result = unsafe { exec::p2p::execute_kernel(&mut call, kargs, stream.as_ref()) };
+            drop(guards);
+            return result;
+        }
         let guards: Vec<SyncOnDrop<'_>> = ops
             .iter_mut()
             .filter(|o| o.count > 0)
             .map(|o| o.track(stream.as_ref()))
             .collect();
-        let me = self.resources(p.rank);
         let bound = exec::net::Bound {
             kernels: &me.kernels,
             health: self.health(),

@@ -467,6 +467,38 @@ impl Kernels {
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 
+    /// Whether the point-to-point kernel is loaded (`gpu_kernels::p2p`).
+    pub(crate) fn has_p2p(&self) -> bool {
+        self.p2p.is_some()
+    }
+
+    /// Enqueues the point-to-point kernel on `stream` with `args` (its one parameter, by
+    /// value), `args.blocks()` blocks of up to 512 threads.
+    ///
+    /// # Safety
+    /// Every address in `args` is valid as `gpu_kernels::p2p::P2pArgs` says, accessible from
+    /// this context and alive until the kernel has run; the header and slots are used by the
+    /// point-to-point kernels of one communicator only.
+    pub(crate) unsafe fn launch_p2p(&self, stream: &CudaStream, args: &gpu_kernels::p2p::P2pArgs) -> Result<()> {
+        let Some((f, limit)) = &self.p2p else {
+            return Err(Error::Kernel {
+                reason: format!("entry point {} not found", gpu_kernels::p2p::P2P_ENTRY),
+            });
+        };
+        let blocks = args.blocks();
+        if blocks == 0 {
+            return Ok(());
+        }
+        let plan = LaunchPlan {
+            blocks,
+            threads: LaunchPlan::one_block(*limit).threads,
+        };
+        let mut params = [param(args)];
+        // SAFETY: `ringccl_p2p(P2pArgs args)`, one `#[repr(C)]` parameter passed by value
+        // (the driver copies its bytes); the caller guarantees the memory.
+        unsafe { self.launch(stream, f, plan, &mut params) }
+    }
+
     /// The one launcher: makes the stream's context current and calls `cuLaunchKernel`.
     ///
     /// # Safety

@@ -221,6 +221,9 @@ pub struct Kernels {
     sm_count: u32,
     /// The bounded wait (`gpu_kernels::oneshot::WAIT_ENTRY`).
     pub(crate) wait: CudaFunction,
+    /// The point-to-point kernel (`gpu_kernels::p2p::P2P_ENTRY`) and its thread limit; `None`
+    /// if the loaded code lacks it (point-to-point groups then take the scratch path).
+    pub(crate) p2p: Option<(CudaFunction, u32)>,
 }
 
 impl Kernels {
@@ -310,8 +313,18 @@ impl Kernels {
             .map_err(|e| Error::Kernel {
                 reason: format!("entry point {wait_name} not found ({:?})", e.0),
             })?;
+        let p2p = match module.load_function(gpu_kernels::p2p::P2P_ENTRY) {
+            Ok(f) => {
+                let limit = f
+                    .max_threads_per_block()
+                    .map_err(|e| Error::cuda("cuFuncGetAttribute", rank, e))?;
+                Some((f, u32::try_from(limit).unwrap_or(1).max(1)))
+            }
+            Err(_) => None,
+        };
         Ok(Kernels {
             rank,
+            p2p,
             code: loaded,
             functions,
             max_threads,

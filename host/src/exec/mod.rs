@@ -30,8 +30,10 @@
 //!
 //! A rank of a job of processes captures only its one-shot and two-shot calls
 //! (`process::execute_oneshot`: barrier epochs on the device, staging in the exported scratch
-//! at fixed addresses); the ring through the scratch, the point-to-point groups and the network
-//! path number their signals on the host and are refused under capture
+//! at fixed addresses) and its point-to-point groups on the point-to-point kernel
+//! (`p2p::execute_kernel`: counters on the device); the ring through the scratch, the
+//! point-to-point groups of larger communicators and the network path number their signals on the host and are
+//! refused under capture
 //! ([`crate::plan::call::capture_limit`]). Its scratch does not grow in a capture, and once a
 //! graph holds it a later growth keeps the old buffers and mappings
 //! ([`crate::transport::ipc::Windows::mark_captured`]), handed to the graphs with the rest.

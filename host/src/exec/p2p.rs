@@ -7,6 +7,10 @@
 //! [`super::process`], on the same per-pair counters as the collectives among processes. Like a collective, the group
 //! starts after this rank's previous call and records its end. CUDA-graph capture is refused
 //! by the caller (the counters' values would be frozen into the graph).
+//!
+//! [`execute_kernel`] runs a group on the point-to-point kernel instead (communicators of up to
+//! 8 ranks over CUDA IPC: [`crate::plan::p2p_kernel`]): ONE launch, its counters on the
+//! device, which can be captured.
 
 use cudarc::driver::CudaStream;
 
@@ -32,6 +36,66 @@ pub(crate) fn execute(
     }
     begin(call, stream)?;
     group(call, plan, bufs, stream, None)?;
+    record(&call.state.end, stream, r)
+}
+
+/// Enqueues this rank's group as ONE point-to-point kernel (`gpu_kernels::p2p`) on `stream`:
+/// after the previous call's end and recording its own end when eager (the stream may differ
+/// from the previous call's), neither while capturing (the graph's launches are ordered on
+/// the streams by the caller, as with NCCL). The kernel reads and advances its counters in the
+/// ranks' point-to-point buffers itself; the host's signal counters are not touched.
+///
+/// Hook: where the previous call ran on the same stream, the event wait and record are
+/// redundant (stream order suffices); they go once calls keep their order per stream.
+///
+/// The local copies of `plan.copies` (a rank's sends to itself and receives from itself over
+/// several buffers) are enqueued before the kernel (`cuMemcpyDtoDAsync`).
+///
+/// # Safety
+/// `plan` comes from [`crate::plan::p2p_kernel::plan`] for this rank's windows: its user
+/// addresses are the caller's validated buffers (tracked until the kernel has run), every other
+/// address is a point-to-point buffer of the communicator, mapped for its life.
+pub(crate) unsafe fn execute_kernel(
+    call: &mut ProcessCall<'_>,
+    plan: &crate::plan::p2p_kernel::KernelPlan,
+    stream: &CudaStream,
+) -> Result<()> {
+    let r = call.state.rank;
+    let args = &plan.args;
+    call.health.check()?;
+    if args.blocks() == 0 && plan.copies.is_empty() {
+        return Ok(());
+    }
+    let capturing = call.capturing;
+    if !capturing {
+        begin(call, stream)?;
+    }
+    let copied = plan.copies.iter().try_for_each(|&(src, dst, bytes)| {
+        // SAFETY: `src` and `dst` are `bytes` within this rank's validated send and receive
+        // buffers (the caller's contract), which do not overlap.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+            .map_err(|e| Error::cuda("cuMemcpyDtoDAsync", Some(r), e))
+    });
+    // SAFETY: the caller's contract.
+    let launched = copied.and_then(|()| call.health.injected_failure(r)).and_then(|()| {
+        if args.blocks() == 0 {
+            return Ok(());
+        }
+        unsafe { call.me.kernels.launch_p2p(stream, args) }
+    });
+    if let Err(cause) = launched {
+        if capturing {
+            // Nothing ran: the peers' parts are only captured too; the caller has the error.
+            return Err(cause);
+        }
+        // The peers' kernels wait for this one's chunks and credits (until their timeout):
+        // the job cannot go on.
+        let _ = record(&call.state.end, stream, r);
+        return Err(partly_enqueued(call.health, vec![r], cause));
+    }
+    if capturing {
+        return Ok(());
+    }
     record(&call.state.end, stream, r)
 }
 

@@ -15,6 +15,7 @@ pub mod call;
 pub mod collective;
 pub mod copy_engine;
 pub mod p2p;
+pub mod p2p_kernel;
 pub mod net;
 pub mod signals;
 pub mod topology;

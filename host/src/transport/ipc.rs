@@ -5,6 +5,9 @@
 //! * a **flag area** of [`FLAG_BYTES`]: word `p` holds the latest signal count rank `p` wrote
 //!   there ([`crate::plan::signals`]), then the one-shot all-reduce's flag array, then the
 //!   two-shot all-reduce's flag region; fixed size, exchanged once;
+//! * a **point-to-point buffer** (communicators of at most `gpu_kernels::p2p::MAX_RANKS`
+//!   ranks): the device-side counters and slots of the point-to-point kernel
+//!   (`gpu_kernels::p2p`), fixed size, exchanged once, touched by no other kernel;
 //! * a **scratch** buffer: the only memory of a rank that its peers read and write (shadows of
 //!   the caller's buffers, partial results: see [`crate::schedule::through_scratch`]). It grows with the
 //!   calls; growing is collective (every rank runs the same calls, so every rank grows at the
@@ -395,6 +398,10 @@ pub struct Windows {
     rank: usize,
     flags: Shared,
     scratch: Shared,
+    /// The point-to-point buffer (`gpu_kernels::p2p`): exchanged with the others when the
+    /// communicator has at most `gpu_kernels::p2p::MAX_RANKS` ranks, never grown, used only by
+    /// the point-to-point kernel ([`Windows::p2p`]).
+    p2p: Shared,
     /// This rank's machine identifier, and whether ranks on other machines are allowed (left
     /// unmapped).
     locality: (u64, bool),
@@ -420,11 +427,15 @@ impl Drop for Windows {
         if !unmap_peers {
             self.flags.leak_mappings();
             self.scratch.leak_mappings();
+            self.p2p.leak_mappings();
             self.retired.iter_mut().for_each(Shared::leak_mappings);
         }
         if !free_own {
             let retired: usize = self.retired.iter_mut().map(Shared::leak_own).sum();
-            let (flags, scratch) = (self.flags.leak_own(), self.scratch.leak_own() + retired);
+            let (flags, scratch) = (
+                self.flags.leak_own() + self.p2p.leak_own(),
+                self.scratch.leak_own() + retired,
+            );
             if flags + scratch > 0 {
                 crate::debug::emit(
                     debug,
@@ -510,11 +521,33 @@ impl Windows {
                 reason: format!("{} ranks answered the exchange, not {nranks}", flags.addr.len()),
             });
         }
+        // Every rank takes the same branch (the same `nranks`).
+        let p2p = if nranks <= gpu_kernels::p2p::MAX_RANKS {
+            match Shared::exchange(ctx, rank, gpu_kernels::p2p::buffer_bytes(nranks), ex, locality) {
+                Ok(p) if p.addr.len() == nranks => p,
+                Ok(mut p) => {
+                    p.leak_own();
+                    flags.leak_own();
+                    scratch.leak_own();
+                    return Err(Error::Internal {
+                        reason: format!("{} ranks answered the exchange, not {nranks}", p.addr.len()),
+                    });
+                }
+                Err(e) => {
+                    flags.leak_own();
+                    scratch.leak_own();
+                    return Err(e);
+                }
+            }
+        } else {
+            Shared::empty()
+        };
         Ok(Windows {
             ctx: ctx.clone(),
             rank,
             flags,
             scratch,
+            p2p,
             locality,
             room,
             live: Some(live),
@@ -553,6 +586,7 @@ impl Windows {
             rank: self.rank,
             flags: std::mem::replace(&mut self.flags, Shared::empty()),
             scratch: std::mem::replace(&mut self.scratch, Shared::empty()),
+            p2p: std::mem::replace(&mut self.p2p, Shared::empty()),
             locality: self.locality,
             room: self.room,
             live: self.live.take(),
@@ -570,7 +604,7 @@ impl Windows {
         if release.free_own {
             0
         } else {
-            self.flags.own_bytes() + self.scratch.own_bytes() + self.retired_bytes()
+            self.flags.own_bytes() + self.scratch.own_bytes() + self.p2p.own_bytes() + self.retired_bytes()
         }
     }
 
@@ -617,6 +651,13 @@ impl Windows {
     /// Every rank's GPU as published at the creation ([`GpuRoom`]).
     pub fn rooms(&self) -> &[GpuRoom] {
         &self.flags.rooms
+    }
+
+    /// Every rank's point-to-point buffer (`gpu_kernels::p2p`) in this process, in rank order
+    /// (0 for a rank on another machine); empty when the communicator has more than
+    /// `gpu_kernels::p2p::MAX_RANKS` ranks (its groups take the scratch path).
+    pub fn p2p(&self) -> &[u64] {
+        &self.p2p.addr
     }
 
     /// Every rank's scratch address in this process.

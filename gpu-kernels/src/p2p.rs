@@ -1,0 +1,575 @@
+//! Point-to-point among processes in ONE kernel per rank ([`P2P_ENTRY`]): a group of sends and
+//! receives (and a local copy) with every counter on the device, so nothing the host computes
+//! per call is baked into the launch and a CUDA graph that captured it replays correctly.
+//!
+//! ## The point-to-point buffer
+//!
+//! Each rank owns one buffer of [`buffer_bytes`]`(nranks)` (plain `cuMemAlloc`, zeroed once,
+//! mapped by its peers over CUDA IPC, used by no other kernel): a **header** of
+//! [`HEADER_WORDS`] `u64` counters, then one **region** of [`REGION_BYTES`] per source rank,
+//! each [`CHANNELS`] channels of [`SLOTS`] slots of [`SLOT_BYTES`].
+//!
+//! A transfer of `b` bytes from rank `s` to rank `d` (every send from `s` to `d` in the
+//! group: one byte stream over their buffers, [`P2pPiece`]) is cut into [`chunks`]`(b)` chunks of
+//! [`SLOT_BYTES`] (the last may be shorter), dealt round-robin to [`channels`]`(b, cap)`
+//! channels: chunk `i` goes through channel `i % C`. Both sides compute the same cut from the
+//! byte count alone. Channel `c` of the pair is one block on each side, with its own counters,
+//! counted over every group the pair ever ran on that channel (nothing is reset):
+//! * `DATA[s][c]` in `d`'s header, written by `s`: chunks `s` has put in `d`'s slots;
+//! * `CONSUMED[d][c]` in `s`'s header, written by `d`: chunks `d` has copied out of them;
+//! * `SENT[d][c]` in `s`'s header and `RECVD[s][c]` in `d`'s, each written only by its owner's
+//!   kernel: where the next group's chunks start.
+//!
+//! The `k`-th chunk of the channel (counted over every group) fills slot `k % SLOTS` of
+//! channel `c` of the region `d` keeps for `s`. The sender waits until `CONSUMED >= k + 1 -
+//! SLOTS` (the slot's previous chunk is out), copies, fences (system scope) and release-stores
+//! `k + 1` into `DATA`; the receiver waits until `DATA >= k + 1`, copies the chunk out, fences
+//! and release-stores `k + 1` into `CONSUMED`. A group's first chunks wait for nothing but the
+//! slots' previous contents, so a small send costs one one-way trip.
+//!
+//! Sends and receives run in different blocks; the host sizes the grid so that every block of
+//! every rank is resident at once ([`channel_cap`]), so a rank that sends to and receives from
+//! one peer never waits on itself. Every wait is bounded like the other cross-process kernels'
+//! ([`crate::ctl`]): on the abort word or the timeout it writes its status (naming the peer) and
+//! the block ends; the communicator is failed by the host then.
+
+/// The name of the point-to-point kernel (not in the entry table: it has no element type):
+/// `ringccl_p2p(args: P2pArgs)`, one parameter passed by value, `args.blocks()` blocks.
+pub const P2P_ENTRY: &str = "ringccl_p2p";
+
+/// Most ranks of a communicator whose point-to-point groups run on the kernel.
+pub const MAX_RANKS: usize = 8;
+
+/// Most channels (blocks per transfer, on each side) of one pair and direction.
+pub const CHANNELS: usize = 16;
+
+/// Slots per channel.
+pub const SLOTS: usize = 2;
+
+/// Bytes of a slot (and of a chunk).
+pub const SLOT_BYTES: usize = 32 << 10;
+
+/// Most operations of one kernel: a send and a receive per peer and one local copy.
+pub const MAX_OPS: usize = 2 * MAX_RANKS;
+
+/// Most buffers of one kernel's sends and receives together ([`P2pPiece`]): the operations
+/// of a group between two ranks in one direction are one byte stream (in the order given), cut
+/// into chunks across their buffers.
+pub const MAX_PIECES: usize = 64;
+
+/// Counters in a header: four roles × [`MAX_RANKS`] peers × [`CHANNELS`] channels.
+pub const HEADER_WORDS: usize = 4 * MAX_RANKS * CHANNELS;
+
+/// Bytes of a header (a multiple of 256, so the regions stay aligned).
+pub const HEADER_BYTES: usize = HEADER_WORDS * 8;
+
+/// Bytes of one source rank's region.
+pub const REGION_BYTES: usize = CHANNELS * SLOTS * SLOT_BYTES;
+
+/// Role of a header word: chunks a peer has put into this rank's slots.
+pub const DATA: usize = 0;
+/// Role of a header word: chunks a peer has taken out of its slots that this rank filled.
+pub const CONSUMED: usize = 1;
+/// Role of a header word: chunks this rank has sent to a peer (its own).
+pub const SENT: usize = 2;
+/// Role of a header word: chunks this rank has received from a peer (its own).
+pub const RECVD: usize = 3;
+
+/// An operation's kind ([`P2pOpDesc::kind`]).
+pub mod kind {
+    /// No operation (an unused row).
+    pub const NONE: u32 = 0;
+    /// A send to `peer`.
+    pub const SEND: u32 = 1;
+    /// A receive from `peer`.
+    pub const RECV: u32 = 2;
+    /// A local copy from `user` to `slots`.
+    pub const COPY: u32 = 3;
+}
+
+/// The index of the header word of `role` for `peer` and `channel`.
+///
+/// ```
+/// use gpu_kernels::p2p::{word, CONSUMED, HEADER_WORDS};
+/// assert_eq!(word(0, 0, 0), 0);
+/// assert!(word(3, 7, 15) < HEADER_WORDS);
+/// assert_ne!(word(CONSUMED, 1, 0), word(0, 1, 0));
+/// ```
+#[inline(always)]
+pub const fn word(role: usize, peer: usize, channel: usize) -> usize {
+    (role * MAX_RANKS + peer) * CHANNELS + channel
+}
+
+/// Bytes of a rank's point-to-point buffer for `nranks` ranks.
+///
+/// ```
+/// use gpu_kernels::p2p::{buffer_bytes, HEADER_BYTES, REGION_BYTES};
+/// assert_eq!(buffer_bytes(2), HEADER_BYTES + 2 * REGION_BYTES);
+/// ```
+pub const fn buffer_bytes(nranks: usize) -> usize {
+    HEADER_BYTES + nranks * REGION_BYTES
+}
+
+/// Offset in a rank's buffer of channel `channel` of the region it keeps for source `src`.
+#[inline(always)]
+pub const fn channel_offset(src: usize, channel: usize) -> usize {
+    HEADER_BYTES + src * REGION_BYTES + channel * SLOTS * SLOT_BYTES
+}
+
+/// Chunks of a transfer of `bytes`.
+#[inline(always)]
+pub const fn chunks(bytes: usize) -> usize {
+    bytes.div_ceil(SLOT_BYTES)
+}
+
+/// Channels of a transfer of `bytes` when at most `cap` are allowed: one per chunk, at most
+/// `cap` (and [`CHANNELS`]), at least 1. Both sides compute it from the byte count.
+///
+/// ```
+/// use gpu_kernels::p2p::{channels, SLOT_BYTES};
+/// assert_eq!(channels(8, 16), 1);
+/// assert_eq!(channels(SLOT_BYTES + 1, 16), 2);
+/// assert_eq!(channels(2 << 20, 16), 16);
+/// assert_eq!(channels(2 << 20, 4), 4);
+/// assert_eq!(channels(0, 0), 1);
+/// ```
+#[inline(always)]
+pub const fn channels(bytes: usize, cap: usize) -> usize {
+    let cap = if cap > CHANNELS { CHANNELS } else { cap };
+    let n = chunks(bytes);
+    let c = if n < cap { n } else { cap };
+    if c == 0 {
+        1
+    } else {
+        c
+    }
+}
+
+/// Chunks of a transfer of `bytes` over `channels` channels that go through channel `c`
+/// (chunks `c`, `c + channels`, …).
+///
+/// ```
+/// use gpu_kernels::p2p::{channel_chunks, SLOT_BYTES};
+/// // 5 chunks over 2 channels: 0, 2, 4 and 1, 3.
+/// assert_eq!(channel_chunks(5 * SLOT_BYTES, 2, 0), 3);
+/// assert_eq!(channel_chunks(5 * SLOT_BYTES, 2, 1), 2);
+/// assert_eq!(channel_chunks(0, 1, 0), 0);
+/// ```
+#[inline(always)]
+pub const fn channel_chunks(bytes: usize, channels: usize, c: usize) -> usize {
+    let n = chunks(bytes);
+    if c >= n || channels == 0 {
+        0
+    } else {
+        (n - c).div_ceil(channels)
+    }
+}
+
+/// Most channels per transfer for a grid of at most `blocks` blocks per rank and `nranks`
+/// ranks (every rank's operations use at most `2 * nranks - 1` transfers' channels): the same
+/// on every rank when `blocks` is (the host passes the fewest SMs of any rank's GPU divided by
+/// the most ranks sharing one GPU, as for the two-shot kernel).
+///
+/// ```
+/// use gpu_kernels::p2p::channel_cap;
+/// assert_eq!(channel_cap(66, 2), 16);
+/// assert_eq!(channel_cap(33, 4), 4);
+/// assert_eq!(channel_cap(1, 8), 1);
+/// ```
+pub const fn channel_cap(blocks: usize, nranks: usize) -> usize {
+    let per = blocks / (2 * if nranks == 0 { 1 } else { nranks });
+    if per == 0 {
+        1
+    } else if per > CHANNELS {
+        CHANNELS
+    } else {
+        per
+    }
+}
+
+/// One operation of a [`P2pArgs`]: what one run of blocks `first_block .. first_block +
+/// channels` does (an example at [`P2pArgs`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pOpDesc {
+    /// [`kind`].
+    pub kind: u32,
+    /// The rank on the other side (sends and receives).
+    pub peer: u32,
+    /// Blocks of this operation: its channels (a copy: any number).
+    pub channels: u32,
+    /// The first of its blocks.
+    pub first_block: u32,
+    /// Bytes.
+    pub bytes: u64,
+    /// A copy's source (a send's or receive's buffers are its pieces).
+    pub user: u64,
+    /// A send: channel 0 of the region the peer keeps for this rank (in the peer's buffer, as
+    /// mapped here); a receive: channel 0 of the region this rank keeps for the peer; a copy:
+    /// its destination.
+    pub slots: u64,
+    /// A send: the peer's `DATA[rank][0]` word; a receive: the peer's `CONSUMED[rank][0]`
+    /// word (channel `c` is `c` words further).
+    pub remote: u64,
+    /// A send's or receive's first buffer in [`P2pArgs::pieces`].
+    pub first_piece: u32,
+    /// Its buffers, in stream order (their bytes add up to `bytes`).
+    pub npieces: u32,
+}
+
+/// One buffer of a send's or receive's byte stream.
+///
+/// ```
+/// let p = gpu_kernels::p2p::P2pPiece { user: 0x1000, bytes: 256 };
+/// assert_eq!(core::mem::size_of_val(&p), 16);
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pPiece {
+    /// The caller's buffer.
+    pub user: u64,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+/// The kernel's one parameter (passed by value: nothing is copied to the device per call).
+///
+/// ```
+/// use gpu_kernels::p2p::{kind, P2pArgs, P2pOpDesc};
+/// let mut a = P2pArgs::default();
+/// a.ops[0] = P2pOpDesc { kind: kind::SEND, peer: 1, channels: 4, bytes: 1 << 20, ..Default::default() };
+/// a.nops = 1;
+/// assert_eq!(a.blocks(), 4);
+/// assert!(core::mem::size_of::<P2pArgs>() <= 4096); // the kernel parameter limit
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pArgs {
+    /// The operations; the first `nops` are used.
+    pub ops: [P2pOpDesc; MAX_OPS],
+    /// The buffers of the sends and receives.
+    pub pieces: [P2pPiece; MAX_PIECES],
+    /// This rank's header.
+    pub header: u64,
+    /// The control block.
+    pub ctl: u64,
+    /// How long a wait may last, in nanoseconds (0: until aborted).
+    pub timeout_ns: u64,
+    /// Operations used.
+    pub nops: u32,
+    /// The status slot of this rank's waits in the control block.
+    pub slot: u32,
+}
+
+impl Default for P2pArgs {
+    fn default() -> Self {
+        P2pArgs {
+            ops: [P2pOpDesc::default(); MAX_OPS],
+            pieces: [P2pPiece::default(); MAX_PIECES],
+            header: 0,
+            ctl: 0,
+            timeout_ns: 0,
+            nops: 0,
+            slot: 0,
+        }
+    }
+}
+
+impl P2pArgs {
+    /// Blocks the launch needs: the end of the last operation's run.
+    pub fn blocks(&self) -> u32 {
+        let n = (self.nops as usize).min(MAX_OPS);
+        self.ops[..n]
+            .iter()
+            .map(|o| o.first_block.saturating_add(o.channels))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod dev {
+    use super::{
+        kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_OPS, RECVD, SENT, SLOTS,
+        SLOT_BYTES,
+    };
+    use crate::ctl::{fence_sys, store_release, wait_at_least};
+    use crate::prim::Grid;
+    use core::arch::asm;
+    use core::arch::nvptx::{_block_dim_x, _block_idx_x, _syncthreads, _thread_idx_x};
+
+    /// A block-wide barrier that tells every thread whether `p` held in any thread.
+    #[inline(always)]
+    fn sync_any(p: bool) -> bool {
+        let out: u32;
+        // SAFETY: a barrier with a reduction; every thread of the block reaches it.
+        unsafe {
+            asm!(
+                "{{ .reg .pred pin, pout; setp.ne.u32 pin, {i}, 0; bar.red.or.pred pout, 0, pin; selp.u32 {o}, 1, 0, pout; }}",
+                i = in(reg32) p as u32,
+                o = out(reg32) out,
+                options(nostack)
+            );
+        }
+        out != 0
+    }
+
+    /// `len` bytes from `src` to `dst` by the threads of this block.
+    #[inline(always)]
+    unsafe fn copy(tid: usize, threads: usize, src: u64, dst: u64, len: usize) {
+        // SAFETY: per the caller, both ranges are valid and do not overlap.
+        unsafe {
+            crate::prim::reduce_copy::<u8, crate::op::Sum, 1>(
+                Grid {
+                    thread: tid,
+                    threads,
+                },
+                [src as *const u8],
+                1,
+                dst as *mut u8,
+                core::ptr::null_mut(),
+                len,
+                1,
+            )
+        }
+    }
+
+    /// The operation block `b` belongs to (`kind::NONE` if none), every row read with a
+    /// constant index.
+    #[inline(always)]
+    fn op_of(args: &P2pArgs, b: u32) -> P2pOpDesc {
+        let mut sel = P2pOpDesc::default();
+        macro_rules! each {
+            ($($i:literal)*) => {$(
+                if $i < MAX_OPS && ($i as u32) < args.nops {
+                    let o = args.ops[$i];
+                    if b >= o.first_block && b - o.first_block < o.channels {
+                        sel = o;
+                    }
+                }
+            )*};
+        }
+        each!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        sel
+    }
+
+    /// Piece `i` of `args`, read with constant indices only (selects, no local memory).
+    #[inline(always)]
+    fn piece(args: &P2pArgs, i: u32) -> P2pPiece {
+        let mut sel = P2pPiece::default();
+        // Literal indices: a loop the compiler does not unroll would copy the parameter into
+        // local memory (a stack frame) to index it.
+        macro_rules! each {
+            ($($k:literal)*) => {$(
+                if $k < super::MAX_PIECES && i == $k {
+                    sel = args.pieces[$k];
+                }
+            )*};
+        }
+        each!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+              32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
+        sel
+    }
+
+    /// Bytes `[at, at + len)` of the byte stream of `o`'s pieces to (`to_slot`) or from the
+    /// slot `slot`, by the threads of this block.
+    #[inline(always)]
+    unsafe fn chunk(
+        args: &P2pArgs,
+        o: &P2pOpDesc,
+        tid: usize,
+        threads: usize,
+        (at, len): (u64, u64),
+        slot: u64,
+        to_slot: bool,
+    ) {
+        let end = at + len;
+        let mut off = 0u64;
+        let mut idx = 0;
+        while idx < o.npieces && off < end {
+            let pc = piece(args, o.first_piece + idx);
+            let lo = if at > off { at } else { off };
+            let hi = if end < off + pc.bytes {
+                end
+            } else {
+                off + pc.bytes
+            };
+            if lo < hi {
+                let (user, s) = (pc.user + (lo - off), slot + (lo - at));
+                // SAFETY: per the caller, the piece and the slot hold these bytes.
+                unsafe {
+                    if to_slot {
+                        copy(tid, threads, user, s, (hi - lo) as usize);
+                    } else {
+                        copy(tid, threads, s, user, (hi - lo) as usize);
+                    }
+                }
+            }
+            off += pc.bytes;
+            idx += 1;
+        }
+    }
+
+    /// The body of `ringccl_p2p` (see the module docs).
+    ///
+    /// # Safety
+    /// Every address of `args` is valid as its field says, mapped in this process; the header
+    /// and slots are used by no other kernel; the grid is `args.blocks()` blocks, all resident.
+    #[inline(always)]
+    pub unsafe fn p2p(args: &P2pArgs) {
+        // SAFETY: reading special registers has no side effects.
+        let (b, tid, threads) = unsafe {
+            (
+                _block_idx_x(),
+                _thread_idx_x() as usize,
+                _block_dim_x() as usize,
+            )
+        };
+        let o = op_of(args, b);
+        let c = (b - o.first_block) as usize;
+        let bytes = o.bytes as usize;
+        let header = args.header as *mut u64;
+        let ctl = args.ctl as *mut u64;
+        let peer = o.peer as usize;
+        // SAFETY (below): every address per the caller's contract; indices stay inside the
+        // header (peer < MAX_RANKS, channel < CHANNELS: checked by the host) and the slots.
+        unsafe {
+            match o.kind {
+                kind::COPY => {
+                    let threads_all = o.channels as usize * threads;
+                    crate::prim::reduce_copy::<u8, crate::op::Sum, 1>(
+                        Grid {
+                            thread: c * threads + tid,
+                            threads: threads_all,
+                        },
+                        [o.user as *const u8],
+                        1,
+                        o.slots as *mut u8,
+                        core::ptr::null_mut(),
+                        bytes,
+                        1,
+                    );
+                }
+                kind::SEND | kind::RECV => {
+                    let send = o.kind == kind::SEND;
+                    let (wait_role, own_role) = if send {
+                        (CONSUMED, SENT)
+                    } else {
+                        (DATA, RECVD)
+                    };
+                    let wait_word = header.add(word(wait_role, peer, c));
+                    let own = header.add(word(own_role, peer, c));
+                    let remote = (o.remote as *mut u64).add(c);
+                    let slots = o.slots + (c * SLOTS * SLOT_BYTES) as u64;
+                    let base = core::ptr::read_volatile(own);
+                    let n = super::channel_chunks(bytes, o.channels as usize, c);
+                    let mut j = 0;
+                    while j < n {
+                        let k = base + j as u64;
+                        let i = c + j * o.channels as usize;
+                        let mut ok = true;
+                        if tid == 0 {
+                            // A send needs the slot's previous chunk out; a receive, this chunk in.
+                            let need = if send {
+                                (k + 1).saturating_sub(SLOTS as u64)
+                            } else {
+                                k + 1
+                            };
+                            if need > 0 {
+                                ok = wait_at_least(
+                                    wait_word,
+                                    need,
+                                    ctl,
+                                    args.timeout_ns,
+                                    args.slot as usize,
+                                    peer,
+                                );
+                            }
+                        }
+                        if sync_any(!ok) {
+                            // Gave up (status written): the host fails the communicator.
+                            return;
+                        }
+                        let at = i * SLOT_BYTES;
+                        let len = if bytes - at < SLOT_BYTES {
+                            bytes - at
+                        } else {
+                            SLOT_BYTES
+                        };
+                        let slot = slots + (k % SLOTS as u64) * SLOT_BYTES as u64;
+                        chunk(args, &o, tid, threads, (at as u64, len as u64), slot, send);
+                        // Every thread's stores (a send) or loads (a receive) of the chunk come
+                        // before the signal, at system scope.
+                        fence_sys();
+                        _syncthreads();
+                        if tid == 0 {
+                            store_release(remote, k + 1);
+                        }
+                        j += 1;
+                    }
+                    if tid == 0 {
+                        core::ptr::write_volatile(own, base + n as u64);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use dev::p2p;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_fits_and_the_channels_partition_the_chunks() {
+        assert_eq!(HEADER_BYTES % 256, 0);
+        assert!(word(RECVD, MAX_RANKS - 1, CHANNELS - 1) < HEADER_WORDS);
+        assert_eq!(channel_offset(1, 0), HEADER_BYTES + REGION_BYTES);
+        assert_eq!(
+            channel_offset(MAX_RANKS - 1, CHANNELS - 1) + SLOTS * SLOT_BYTES,
+            buffer_bytes(MAX_RANKS)
+        );
+        for bytes in [
+            0,
+            1,
+            SLOT_BYTES - 1,
+            SLOT_BYTES,
+            SLOT_BYTES + 1,
+            17 * SLOT_BYTES + 5,
+            2 << 20,
+        ] {
+            for cap in [1, 3, 16, 40] {
+                let c = channels(bytes, cap);
+                assert!((1..=CHANNELS.min(cap.max(1))).contains(&c));
+                let total: usize = (0..c).map(|k| channel_chunks(bytes, c, k)).sum();
+                assert_eq!(total, chunks(bytes), "{bytes} bytes, cap {cap}");
+            }
+        }
+        assert_eq!(core::mem::size_of::<P2pOpDesc>(), 56);
+        assert_eq!(core::mem::size_of::<P2pPiece>(), 16);
+        assert!(core::mem::size_of::<P2pArgs>() <= 4096);
+    }
+
+    #[test]
+    fn blocks_end_with_the_last_run() {
+        let mut a = P2pArgs::default();
+        assert_eq!(a.blocks(), 0);
+        a.nops = 2;
+        a.ops[0] = P2pOpDesc {
+            kind: kind::SEND,
+            channels: 3,
+            ..Default::default()
+        };
+        a.ops[1] = P2pOpDesc {
+            kind: kind::RECV,
+            channels: 2,
+            first_block: 3,
+            ..Default::default()
+        };
+        assert_eq!(a.blocks(), 5);
+    }
+}

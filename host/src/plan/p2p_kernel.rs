@@ -1,0 +1,253 @@
+//! Point-to-point groups among processes of one machine as ONE kernel per rank
+//! (`gpu_kernels::p2p`): the plan is the kernel's one parameter, [`P2pArgs`], built from the
+//! group's operations and the ranks' point-to-point buffers. Every counter lives in those
+//! buffers and is advanced by the kernel, so the plan holds no value that changes from one call
+//! to the next for the same buffers: a CUDA graph that captured the launch replays correctly.
+//!
+//! Every group of a communicator of at most [`MAX_RANKS`](gpu_kernels::p2p::MAX_RANKS) ranks,
+//! all reached over CUDA IPC, runs on the kernel (the choice must be the same on every rank,
+//! so it depends on nothing but the communicator); larger communicators keep the scratch path
+//! ([`super::p2p`]), which cannot be captured.
+
+use gpu_kernels::p2p::{
+    channel_offset, channels, kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_PIECES,
+    MAX_RANKS,
+};
+
+use super::p2p::{Dir, P2pOp};
+use crate::{Arg, Error, Result};
+
+/// Bytes a local copy's block moves at least (the copy's blocks: its bytes over this, at most
+/// the channel cap).
+pub const COPY_BYTES_PER_BLOCK: usize = 64 << 10;
+
+/// Where the kernel's memory is: the control block and the ranks' buffers.
+///
+/// ```
+/// use ringccl::internals::plan::p2p_kernel::KernelEnv;
+/// let cap = gpu_kernels::p2p::channel_cap(66, 2); // 132 SMs shared by 2 processes
+/// let env = KernelEnv { rank: 1, bufs: &[1 << 40, 2 << 40], cap, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// assert_eq!(env.cap, 16);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct KernelEnv<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's point-to-point buffer in this process (0: not reachable).
+    pub bufs: &'a [u64],
+    /// Most channels per transfer ([`gpu_kernels::p2p::channel_cap`]), the same on every rank.
+    pub cap: usize,
+    /// The control block.
+    pub ctl: u64,
+    /// The waits' timeout in nanoseconds.
+    pub timeout_ns: u64,
+    /// The waits' status slot.
+    pub slot: u32,
+}
+
+/// A group on the kernel: its parameter, and the local copies (source, destination, bytes)
+/// enqueued before it where a rank's sends to itself and receives from itself are not one
+/// buffer each (those are in the kernel).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{Dir, P2pOp};
+/// use ringccl::internals::plan::p2p_kernel::{plan, KernelEnv};
+/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// // To itself: 8 bytes from 0x1000 received into two buffers of 4.
+/// let ops = [
+///     P2pOp { dir: Dir::Send, peer: 0, bytes: 8 },
+///     P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
+///     P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
+/// ];
+/// let p = plan(&ops, &[0x1000, 0x2000, 0x3000], &env)?.expect("on the kernel");
+/// assert_eq!(p.copies, vec![(0x1000, 0x2000, 4), (0x1004, 0x3000, 4)]);
+/// assert_eq!(p.args.blocks(), 0); // nothing else to do
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelPlan {
+    /// The kernel's parameter.
+    pub args: P2pArgs,
+    /// Copies enqueued before the kernel.
+    pub copies: Vec<(u64, u64, usize)>,
+}
+
+/// The kernel plan of this rank's group `ops` (buffer `addrs[i]` for `ops[i]`), or `None` if
+/// the communicator's groups cannot run on the kernel (more than
+/// [`MAX_RANKS`](gpu_kernels::p2p::MAX_RANKS) ranks, or a rank not reached over CUDA IPC): a
+/// decision every rank makes alike, whatever its own operations. Operations of 0 bytes are left
+/// out; the operations of one direction with one peer are one byte stream, in order. Errors if
+/// a peer is out of range, the bytes this rank sends to itself differ from those it receives
+/// from itself, or the sends and receives with peers use more than
+/// [`MAX_PIECES`](gpu_kernels::p2p::MAX_PIECES) buffers.
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{Dir, P2pOp};
+/// use ringccl::internals::plan::p2p_kernel::{plan, KernelEnv};
+/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// let ops = [
+///     P2pOp { dir: Dir::Send, peer: 1, bytes: 100 },
+///     P2pOp { dir: Dir::Recv, peer: 1, bytes: 100 },
+/// ];
+/// let p = plan(&ops, &[0x1000, 0x2000], &env)?.expect("runs on the kernel");
+/// assert_eq!((p.args.nops, p.args.blocks()), (2, 2));
+/// // Two sends to one peer: one stream over two buffers.
+/// let p = plan(&[ops[0], ops[0]], &[0x1000, 0x3000], &env)?.expect("runs on the kernel");
+/// assert_eq!((p.args.nops, p.args.ops[0].npieces, p.args.ops[0].bytes), (1, 2, 200));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<KernelPlan>> {
+    let (me, n) = (env.rank, env.bufs.len());
+    if ops.len() != addrs.len() {
+        return Err(Error::Internal {
+            reason: format!("{} buffers for {} point-to-point operations", addrs.len(), ops.len()),
+        });
+    }
+    if me >= n {
+        return Err(Error::Internal {
+            reason: format!("rank {me} of {n} point-to-point buffers"),
+        });
+    }
+    // Per peer and direction: the buffers, in order.
+    let mut sends: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
+    let mut recvs: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
+    for (o, &addr) in ops.iter().zip(addrs) {
+        if o.peer >= n {
+            return Err(Error::invalid(Some(me), Arg::Peer, format!("peer {} of {n} ranks", o.peer)));
+        }
+        if o.bytes > 0 {
+            match o.dir {
+                Dir::Send => sends[o.peer].push((addr, o.bytes)),
+                Dir::Recv => recvs[o.peer].push((addr, o.bytes)),
+            }
+        }
+    }
+    let total = |v: &[(u64, usize)]| v.iter().map(|p| p.1).try_fold(0usize, usize::checked_add);
+    let overflow = || Error::invalid(Some(me), Arg::Count, "point-to-point byte counts overflow");
+    let (self_sent, self_recvd) = (
+        total(&sends[me]).ok_or_else(overflow)?,
+        total(&recvs[me]).ok_or_else(overflow)?,
+    );
+    if self_sent != self_recvd {
+        return Err(Error::invalid(
+            Some(me),
+            Arg::Count,
+            format!("rank {me} sends {self_sent} bytes to itself but receives {self_recvd} from itself"),
+        ));
+    }
+    if n > MAX_RANKS || env.bufs.contains(&0) {
+        return Ok(None);
+    }
+    let npieces: usize = (0..n).filter(|&q| q != me).map(|q| sends[q].len() + recvs[q].len()).sum();
+    if npieces > MAX_PIECES {
+        return Err(Error::invalid(
+            Some(me),
+            Arg::Count,
+            format!(
+                "this rank's point-to-point group sends from and receives into {npieces} buffers \
+                 of its peers' transfers; one group takes at most {MAX_PIECES}: split it into \
+                 several groups"
+            ),
+        ));
+    }
+    let mut args = P2pArgs {
+        header: env.bufs[me],
+        ctl: env.ctl,
+        timeout_ns: env.timeout_ns,
+        slot: env.slot,
+        ..P2pArgs::default()
+    };
+    let mut copies = Vec::new();
+    let (mut nops, mut block, mut piece) = (0usize, 0u32, 0usize);
+    let as_u32 = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    let off = |base: u64, bytes: usize| base + bytes as u64;
+    let mut push = |args: &mut P2pArgs, d: P2pOpDesc, buffers: &[(u64, usize)]| -> Result<()> {
+        let row = args.ops.get_mut(nops).ok_or_else(|| Error::Internal {
+            reason: "more point-to-point operations than the kernel takes".into(),
+        })?;
+        *row = P2pOpDesc {
+            first_block: block,
+            first_piece: as_u32(piece),
+            npieces: as_u32(buffers.len()),
+            ..d
+        };
+        for &(user, bytes) in buffers {
+            let p = args.pieces.get_mut(piece).ok_or_else(|| Error::Internal {
+                reason: "more point-to-point buffers than the kernel takes".into(),
+            })?;
+            *p = P2pPiece { user, bytes: bytes as u64 };
+            piece += 1;
+        }
+        block = block.saturating_add(d.channels);
+        nops += 1;
+        Ok(())
+    };
+    for q in 0..n {
+        if q == me {
+            match (&sends[q][..], &recvs[q][..]) {
+                ([], []) => {}
+                (&[(src, bytes)], &[(dst, _)]) => {
+                    let blocks = bytes.div_ceil(COPY_BYTES_PER_BLOCK).clamp(1, env.cap.max(1));
+                    let d = P2pOpDesc {
+                        kind: kind::COPY,
+                        peer: as_u32(me),
+                        channels: as_u32(blocks),
+                        bytes: bytes as u64,
+                        user: src,
+                        slots: dst,
+                        ..P2pOpDesc::default()
+                    };
+                    push(&mut args, d, &[])?;
+                }
+                (s, r) => copies = segments(s, r),
+            }
+            continue;
+        }
+        for (dir, buffers) in [(kind::SEND, &sends[q]), (kind::RECV, &recvs[q])] {
+            if buffers.is_empty() {
+                continue;
+            }
+            let bytes = total(buffers).ok_or_else(overflow)?;
+            let (slots, remote) = if dir == kind::SEND {
+                (off(env.bufs[q], channel_offset(me, 0)), off(env.bufs[q], 8 * word(DATA, me, 0)))
+            } else {
+                (off(env.bufs[me], channel_offset(q, 0)), off(env.bufs[q], 8 * word(CONSUMED, me, 0)))
+            };
+            let d = P2pOpDesc {
+                kind: dir,
+                peer: as_u32(q),
+                channels: as_u32(channels(bytes, env.cap)),
+                bytes: bytes as u64,
+                slots,
+                remote,
+                ..P2pOpDesc::default()
+            };
+            push(&mut args, d, buffers)?;
+        }
+    }
+    args.nops = as_u32(nops);
+    Ok(Some(KernelPlan { args, copies }))
+}
+
+/// The copies (source, destination, bytes) that move the byte stream of buffers `from` into
+/// that of buffers `to` (equal totals).
+fn segments(from: &[(u64, usize)], to: &[(u64, usize)]) -> Vec<(u64, u64, usize)> {
+    let mut out = Vec::new();
+    let (mut i, mut j, mut a, mut b) = (0, 0, 0usize, 0usize);
+    while i < from.len() && j < to.len() {
+        let len = (from[i].1 - a).min(to[j].1 - b);
+        out.push((from[i].0 + a as u64, to[j].0 + b as u64, len));
+        a += len;
+        b += len;
+        if a == from[i].1 {
+            (i, a) = (i + 1, 0);
+        }
+        if b == to[j].1 {
+            (j, b) = (j + 1, 0);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,380 @@
+//! The kernel's protocol run on the CPU: every rank's blocks of every group stepped in a
+//! random order over simulated memory, reading and writing the counters and slots at the
+//! addresses the plan gives them, with a check that no slot is refilled before its chunk was
+//! taken out and that every receive buffer ends byte-exact.
+
+use super::*;
+use gpu_kernels::p2p::{buffer_bytes, channel_chunks, channel_cap, RECVD, SENT, SLOTS, SLOT_BYTES};
+use std::collections::HashMap;
+
+/// Simulated device memory: allocations by base address.
+#[derive(Default)]
+struct Mem {
+    allocs: Vec<(u64, Vec<u8>)>,
+    /// Slot (its address) → the chunk number it holds, until taken out.
+    full: HashMap<u64, u64>,
+}
+
+impl Mem {
+    fn alloc(&mut self, base: u64, bytes: usize) {
+        self.allocs.push((base, vec![0; bytes]));
+    }
+
+    fn at(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        for (base, v) in &mut self.allocs {
+            if addr >= *base && addr + len as u64 <= *base + v.len() as u64 {
+                let o = (addr - *base) as usize;
+                return &mut v[o..o + len];
+            }
+        }
+        panic!("address {addr:#x} (+{len}) is in no allocation");
+    }
+
+    fn read(&mut self, addr: u64) -> u64 {
+        assert_eq!(addr % 8, 0);
+        u64::from_le_bytes(self.at(addr, 8).try_into().unwrap())
+    }
+
+    fn write(&mut self, addr: u64, v: u64) {
+        self.at(addr, 8).copy_from_slice(&v.to_le_bytes());
+    }
+
+    fn copy(&mut self, src: u64, dst: u64, len: usize) {
+        let data = self.at(src, len).to_vec();
+        self.at(dst, len).copy_from_slice(&data);
+    }
+}
+
+/// One block of a launched group.
+struct Block {
+    op: P2pOpDesc,
+    pieces: Vec<P2pPiece>,
+    c: usize,
+    base: u64,
+    j: usize,
+    n: usize,
+}
+
+struct Rank {
+    header: u64,
+    groups: Vec<KernelPlan>,
+    next: usize,
+    blocks: Vec<Block>,
+}
+
+fn start(mem: &mut Mem, r: &mut Rank) {
+    let Some(p) = r.groups.get(r.next) else { return };
+    r.next += 1;
+    // The copies before the kernel, in stream order.
+    for &(src, dst, len) in &p.copies {
+        mem.copy(src, dst, len);
+    }
+    let args = &p.args;
+    for o in &args.ops[..args.nops as usize] {
+        for c in 0..o.channels as usize {
+            let (base, n) = match o.kind {
+                kind::SEND | kind::RECV => {
+                    let role = if o.kind == kind::SEND { SENT } else { RECVD };
+                    let base = mem.read(r.header + 8 * word(role, o.peer as usize, c) as u64);
+                    (base, channel_chunks(o.bytes as usize, o.channels as usize, c))
+                }
+                _ => (0, usize::from(c == 0)),
+            };
+            r.blocks.push(Block { op: *o, pieces: args.pieces[o.first_piece as usize..][..o.npieces as usize].to_vec(), c, base, j: 0, n });
+        }
+    }
+}
+
+/// Advances block `b` of rank `r` by one chunk if its wait is satisfied; whether it moved.
+fn step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
+    let o = b.op;
+    if b.j == b.n {
+        return false;
+    }
+    if o.kind == kind::COPY {
+        mem.copy(o.user, o.slots, o.bytes as usize);
+        b.j = 1;
+        return true;
+    }
+    let send = o.kind == kind::SEND;
+    let (peer, c) = (o.peer as usize, b.c);
+    let k = b.base + b.j as u64;
+    let need = if send { (k + 1).saturating_sub(SLOTS as u64) } else { k + 1 };
+    let role = if send { CONSUMED } else { DATA };
+    if mem.read(header + 8 * word(role, peer, c) as u64) < need {
+        return false;
+    }
+    let i = c + b.j * o.channels as usize;
+    let at = i * SLOT_BYTES;
+    let len = (o.bytes as usize - at).min(SLOT_BYTES);
+    let slot = o.slots + (c * SLOTS * SLOT_BYTES) as u64 + (k % SLOTS as u64) * SLOT_BYTES as u64;
+    if send {
+        assert!(!mem.full.contains_key(&slot), "slot {slot:#x} refilled before chunk was taken out");
+        mem.full.insert(slot, k);
+    } else {
+        assert_eq!(mem.full.remove(&slot), Some(k), "slot {slot:#x} does not hold chunk {k}");
+    }
+    // The chunk's bytes across the pieces (as the kernel's `chunk`).
+    let (at, end) = (at as u64, (at + len) as u64);
+    let mut off = 0u64;
+    for pc in &b.pieces {
+        let (lo, hi) = (at.max(off), end.min(off + pc.bytes));
+        if lo < hi {
+            let (user, s) = (pc.user + (lo - off), slot + (lo - at));
+            if send {
+                mem.copy(user, s, (hi - lo) as usize);
+            } else {
+                mem.copy(s, user, (hi - lo) as usize);
+            }
+        }
+        off += pc.bytes;
+    }
+    mem.write(o.remote + 8 * c as u64, k + 1);
+    b.j += 1;
+    if b.j == b.n {
+        let own = if send { SENT } else { RECVD };
+        mem.write(header + 8 * word(own, peer, c) as u64, b.base + b.n as u64);
+    }
+    true
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+/// Runs `groups[g][s][d]` bytes from `s` to `d` (`s == d`: a local copy) on `n` ranks, every
+/// group's buffers fresh, and checks every received byte.
+fn sim_byte(g: usize, src: usize, dst: usize, i: usize) -> u8 {
+    let x = (i as u64) ^ ((g as u64) << 40) ^ ((src as u64) << 52) ^ ((dst as u64) << 58);
+    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
+}
+
+/// As [`run_split`], every stream in one buffer per side.
+fn run(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize) {
+    run_split(n, groups, seed, cap, 1)
+}
+
+/// Runs the groups with every stream cut into up to `split` buffers on each side.
+#[allow(clippy::needless_range_loop)]
+fn run_split(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize, split: usize) {
+    let mut mem = Mem::default();
+    let mut rng = Lcg(seed);
+    let bufs: Vec<u64> = (0..n).map(|q| (q as u64 + 1) << 40).collect();
+    for &b in &bufs {
+        mem.alloc(b, buffer_bytes(n));
+    }
+    let mut next_user = 1u64 << 50;
+    let mut checks = Vec::new();
+    let mut ranks: Vec<Rank> = (0..n)
+        .map(|q| Rank { header: bufs[q], groups: Vec::new(), next: 0, blocks: Vec::new() })
+        .collect();
+    for (g, m) in groups.iter().enumerate() {
+        for (me, rank) in ranks.iter_mut().enumerate() {
+            let mut ops = Vec::new();
+            let mut addrs = Vec::new();
+            for q in 0..n {
+                for (dir, bytes) in [(Dir::Send, m[me][q]), (Dir::Recv, m[q][me])] {
+                    let (src, dst) = if dir == Dir::Send { (me, q) } else { (q, me) };
+                    // The stream in up to `split` buffers, cut independently on each side.
+                    let mut cuts = vec![0, bytes];
+                    for _ in 1..split {
+                        cuts.push(rng.next() as usize % (bytes + 1));
+                    }
+                    cuts.sort_unstable();
+                    for w in cuts.windows(2) {
+                        let (from, len) = (w[0], w[1] - w[0]);
+                        let addr = next_user + (rng.next() % 16);
+                        next_user += (len as u64 + 4096).next_multiple_of(4096);
+                        mem.alloc(addr, len);
+                        let data: Vec<u8> = (from..from + len).map(|i| sim_byte(g, src, dst, i)).collect();
+                        if dir == Dir::Send {
+                            mem.at(addr, len).copy_from_slice(&data);
+                        } else {
+                            checks.push((addr, data));
+                        }
+                        ops.push(P2pOp { dir, peer: q, bytes: len });
+                        addrs.push(addr);
+                    }
+                }
+            }
+            // Any order of the operations, keeping each stream's own order.
+            let mut order: Vec<usize> = (0..ops.len()).collect();
+            for i in (1..order.len()).rev() {
+                let j = rng.next() as usize % (i + 1);
+                order.swap(i, j);
+            }
+            let mut keyed: Vec<(usize, usize)> = Vec::new();
+            for (slot, &i) in order.iter().enumerate() {
+                keyed.push((slot, i));
+            }
+            // Stable within a stream: sort each stream's operations back into stream order
+            // over the slots the shuffle gave the stream.
+            let stream_of = |o: &P2pOp| (o.dir == Dir::Send, o.peer);
+            let mut by_stream: HashMap<(bool, usize), Vec<usize>> = HashMap::new();
+            for &(slot, i) in &keyed {
+                by_stream.entry(stream_of(&ops[i])).or_default().push(slot);
+            }
+            let mut placed = vec![0usize; ops.len()];
+            let mut per_stream: HashMap<(bool, usize), Vec<usize>> = HashMap::new();
+            for (i, o) in ops.iter().enumerate() {
+                per_stream.entry(stream_of(o)).or_default().push(i);
+            }
+            for (key, mut slots) in by_stream {
+                slots.sort_unstable();
+                for (slot, &i) in slots.iter().zip(&per_stream[&key]) {
+                    placed[*slot] = i;
+                }
+            }
+            let ops: Vec<P2pOp> = placed.iter().map(|&i| ops[i]).collect();
+            let addrs: Vec<u64> = placed.iter().map(|&i| addrs[i]).collect();
+            let env = KernelEnv { rank: me, bufs: &bufs, cap, ctl: 8, timeout_ns: 0, slot: 0 };
+            let p = plan(&ops, &addrs, &env).unwrap().expect("fits the kernel");
+            assert!(p.args.blocks() as usize <= (2 * n - 1) * cap.max(1));
+            rank.groups.push(p);
+        }
+    }
+    for r in &mut ranks {
+        start(&mut mem, r);
+    }
+    loop {
+        let mut runnable = Vec::new();
+        for (q, r) in ranks.iter().enumerate() {
+            for (i, b) in r.blocks.iter().enumerate() {
+                if b.j < b.n {
+                    runnable.push((q, i));
+                }
+            }
+        }
+        if runnable.is_empty() {
+            if ranks.iter().all(|r| r.next == r.groups.len()) {
+                break;
+            }
+            unreachable!("every started group ends");
+        }
+        // Try the runnable blocks from a random one on; one must move.
+        let from = rng.next() as usize % runnable.len();
+        let moved = (0..runnable.len()).any(|k| {
+            let (q, i) = runnable[(from + k) % runnable.len()];
+            let header = ranks[q].header;
+            step(&mut mem, header, &mut ranks[q].blocks[i])
+        });
+        assert!(moved, "deadlock: no block can move");
+        for r in &mut ranks {
+            if r.blocks.iter().all(|b| b.j == b.n) {
+                r.blocks.clear();
+                start(&mut mem, r);
+            }
+        }
+    }
+    assert!(mem.full.is_empty(), "chunks left in slots");
+    for (addr, want) in checks {
+        assert_eq!(mem.at(addr, want.len()), &want[..], "received bytes at {addr:#x}");
+    }
+}
+
+#[test]
+fn two_ranks_every_size_both_directions() {
+    let sizes = [0, 1, 7, 16, 100, SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1, 3 * SLOT_BYTES + 5, 40 * SLOT_BYTES + 3];
+    let groups: Vec<Vec<Vec<usize>>> = sizes
+        .iter()
+        .zip(sizes.iter().rev())
+        .map(|(&a, &b)| vec![vec![a % 1000, a], vec![b, b % 777]])
+        .collect();
+    for (seed, cap) in [(1, 16), (2, 1), (3, 3)] {
+        run(2, &groups, seed, cap);
+    }
+}
+
+#[test]
+fn four_ranks_all_to_all_many_groups() {
+    let mut rng = Lcg(99);
+    let groups: Vec<Vec<Vec<usize>>> = (0..12)
+        .map(|_| {
+            (0..4)
+                .map(|_| {
+                    (0..4)
+                        .map(|_| match rng.next() % 4 {
+                            0 => 0,
+                            1 => (rng.next() % 64) as usize,
+                            2 => (rng.next() % (5 * SLOT_BYTES as u64)) as usize,
+                            _ => SLOT_BYTES * (1 + (rng.next() % 9) as usize),
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    for seed in 0..4 {
+        run(4, &groups, seed, channel_cap(33, 4));
+    }
+}
+
+#[test]
+fn streams_over_several_buffers_on_either_side() {
+    let mut rng = Lcg(7);
+    let groups: Vec<Vec<Vec<usize>>> = (0..8)
+        .map(|_| {
+            (0..3)
+                .map(|_| (0..3).map(|_| (rng.next() % (4 * SLOT_BYTES as u64)) as usize).collect())
+                .collect()
+        })
+        .collect();
+    for seed in 0..3 {
+        run_split(3, &groups, seed, 2, 3);
+    }
+}
+
+#[test]
+fn the_choice_depends_on_the_communicator_alone() {
+    let bufs = [1u64 << 40, 2 << 40, 3 << 40];
+    let env = KernelEnv { rank: 0, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 0, slot: 0 };
+    let s = |peer, bytes| P2pOp { dir: Dir::Send, peer, bytes };
+    let r = |peer, bytes| P2pOp { dir: Dir::Recv, peer, bytes };
+    // Several buffers per stream, and to itself: on the kernel (the self-copies before it).
+    let p = plan(&[s(1, 8), s(1, 8), s(0, 16), r(0, 8), r(0, 8)], &[1, 2, 3, 4, 5], &env).unwrap().unwrap();
+    assert_eq!(p.args.nops, 1);
+    assert_eq!(p.copies, vec![(3, 4, 8), (11, 5, 8)]);
+    // One buffer each way to itself: a copy in the kernel.
+    let p = plan(&[s(0, 16), r(0, 16)], &[3, 4], &env).unwrap().unwrap();
+    assert_eq!((p.args.nops, p.args.ops[0].kind, p.copies.len()), (1, kind::COPY, 0));
+    // Zero-byte operations are left out.
+    assert_eq!(plan(&[s(1, 8), s(1, 0)], &[1, 2], &env).unwrap().unwrap().args.ops[0].npieces, 1);
+    // A peer on another machine (no mapped buffer), or more ranks than the kernel serves: the
+    // scratch path, whatever the operations.
+    let remote = KernelEnv { bufs: &[1 << 40, 0, 3 << 40], ..env };
+    assert!(plan(&[s(2, 8)], &[1], &remote).unwrap().is_none());
+    assert!(plan(&[], &[], &remote).unwrap().is_none());
+    let many: Vec<u64> = (1..=9).map(|q| q << 40).collect();
+    assert!(plan(&[s(1, 8)], &[1], &KernelEnv { bufs: &many, ..env }).unwrap().is_none());
+    // Bad input is an error, not a fallback.
+    let e = plan(&[s(0, 8), r(0, 4)], &[1, 2], &env).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(plan(&[s(3, 8)], &[1], &env).is_err());
+    assert!(plan(&[s(1, 8)], &[], &env).is_err());
+    let lots: Vec<P2pOp> = (0..65).map(|_| s(1, 1)).collect();
+    let e = plan(&lots, &[1; 65], &env).unwrap_err();
+    assert!(e.to_string().contains("at most 64"), "{e}");
+}
+
+#[test]
+fn the_plan_points_at_the_peers_buffers() {
+    let bufs = [1u64 << 40, 2 << 40];
+    let env = KernelEnv { rank: 1, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 5, slot: 0 };
+    let ops = [P2pOp { dir: Dir::Send, peer: 0, bytes: 3 * SLOT_BYTES }, P2pOp { dir: Dir::Recv, peer: 0, bytes: 10 }];
+    let a = plan(&ops, &[0x10, 0x20], &env).unwrap().unwrap().args;
+    assert_eq!(a.header, bufs[1]);
+    let (s, r) = (a.ops[0], a.ops[1]);
+    assert_eq!((s.kind, s.channels, s.first_block), (kind::SEND, 3, 0));
+    assert_eq!(s.slots, bufs[0] + channel_offset(1, 0) as u64);
+    assert_eq!(s.remote, bufs[0] + 8 * word(DATA, 1, 0) as u64);
+    assert_eq!((r.kind, r.channels, r.first_block), (kind::RECV, 1, 3));
+    assert_eq!(r.slots, bufs[1] + channel_offset(0, 0) as u64);
+    assert_eq!(r.remote, bufs[0] + 8 * word(CONSUMED, 1, 0) as u64);
+    assert_eq!(a.blocks(), 4);
+    assert_eq!((s.first_piece, s.npieces, r.first_piece, r.npieces), (0, 1, 1, 1));
+    assert_eq!(a.pieces[0], P2pPiece { user: 0x10, bytes: 3 * SLOT_BYTES as u64 });
+}
