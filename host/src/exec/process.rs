@@ -338,15 +338,13 @@ pub(crate) fn execute_oneshot(
     // A one-shot input inside a registered allocation is read in place by the peers: the
     // lookup asks nothing of the driver unless the input hits a registered range.
     let input = match (shot, count.checked_mul(dtype.size())) {
-        (Shot::One, Some(bytes)) if mine.send != 0 => {
+        (Shot::One, Some(bytes)) if mine.send != 0 && !call.state.windows.registry().is_empty() => {
             let (r, n) = (call.state.rank, call.state.sent.len());
-            call.state.windows.registry().publish_for(
-                mine.send,
-                bytes as u64,
-                r,
-                n,
-                crate::driver::registered::buffer_id,
-            )
+            let ctx = call.state.windows.context().clone();
+            call.state.windows.registry().publish_for(mine.send, bytes as u64, r, n, |base| {
+                ctx.bind_to_thread().ok()?;
+                crate::driver::registered::buffer_id(base)
+            })
         }
         _ => Input::Staged,
     };
