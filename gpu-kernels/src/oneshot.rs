@@ -35,6 +35,21 @@ pub use crate::ctl::{
 };
 pub use crate::twoshot::{two_shot_slice, what, MAX_TWO_SHOT_BLOCKS, TWO_SHOT_FLAG_WORDS};
 
+/// Whether the one-shot kernel for `dtype` and `op` reads the sources its peers publish
+/// ([`PUBLISHED`]: zero-copy inputs): every pair but the fp8 averages, whose kernels would
+/// then spill registers on sm_90 (their peers' inputs are always staged; the host checks this
+/// before it publishes anything).
+///
+/// ```
+/// use gpu_kernels::{oneshot::reads_published, op::RedOp, DataType};
+/// assert!(reads_published(DataType::F32, RedOp::Avg));
+/// assert!(!reads_published(DataType::F8E4M3, RedOp::Avg));
+/// ```
+pub const fn reads_published(dtype: crate::DataType, op: crate::op::RedOp) -> bool {
+    !(matches!(op, crate::op::RedOp::Avg)
+        && matches!(dtype, crate::DataType::F8E4M3 | crate::DataType::F8E5M2))
+}
+
 #[cfg(target_arch = "nvptx64")]
 mod dev {
     use crate::ctl::{
@@ -98,12 +113,17 @@ mod dev {
 
             // 1. Arrive: tell each peer where it reads my input (before the arrive flag's
             // release); my input is ready; wait until every peer's is.
-            if peer {
+            let zero_copy = super::reads_published(T::DTYPE, O::KIND);
+            if zero_copy && peer {
                 store_relaxed(theirs.add(PUBLISHED + rank), pick(publish, tid));
             }
             let pair = (theirs, my_flags);
             let failed = meet(peer, pair, 0, epoch, ctl, timeout_ns, rank, tid);
-            let srcs = published(srcs, my_flags, nsrc, rank);
+            let srcs = if zero_copy {
+                published(srcs, my_flags, nsrc, rank)
+            } else {
+                srcs
+            };
 
             // 2. Compute, in rank order (not after a failed wait: a peer's input may not be
             // ready, and the call has failed anyway).

@@ -338,7 +338,11 @@ pub(crate) fn execute_oneshot(
     // A one-shot input inside a registered allocation is read in place by the peers: the
     // lookup asks nothing of the driver unless the input hits a registered range.
     let input = match (shot, count.checked_mul(dtype.size())) {
-        (Shot::One, Some(bytes)) if mine.send != 0 && !call.state.windows.registry().is_empty() => {
+        (Shot::One, Some(bytes))
+            if mine.send != 0
+                && gpu_kernels::oneshot::reads_published(dtype, op)
+                && !call.state.windows.registry().is_empty() =>
+        {
             let (r, n) = (call.state.rank, call.state.sent.len());
             let ctx = call.state.windows.context().clone();
             call.state.windows.registry().publish_for(mine.send, bytes as u64, r, n, |base| {
