@@ -95,8 +95,7 @@ impl Communicator {
     /// The buffer's whole allocation is mapped into every peer process once (CUDA IPC), so a
     /// later call whose input lies anywhere inside it is zero-copy. What gives zero-copy today:
     /// the input of a one-shot all-reduce among processes, fp8 averages excepted (other
-    /// collectives, and outputs, are
-    /// staged through the scratch as before). The ranks need not agree on which inputs are
+    /// collectives, and outputs, are staged through the scratch as before). The ranks need not agree on which inputs are
     /// registered. Memory CUDA IPC cannot export (stream-ordered pools, VMM allocations) stays
     /// unregistered, with a logged reason: the calls work, staged ([`Registered::zero_copy`]).
     /// A freed and re-allocated range is noticed (the allocation's buffer id) and staged. In a
