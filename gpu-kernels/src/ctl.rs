@@ -12,7 +12,12 @@
 //! * word [`COUNTER`]: how many calls this rank has run on the array (written by the kernel
 //!   itself, so the epoch needs no host state and a CUDA graph that replays the kernel stays
 //!   correct);
-//! * word [`FAILED`]: the last epoch in which a wait of this rank's kernel gave up.
+//! * word [`FAILED`]: the last epoch in which a wait of this rank's kernel gave up;
+//! * words [`PUBLISHED`]` + p` (one-shot only): the address, in this process, where rank `p`'s
+//!   input of the current call is read (`p`'s registered buffer as this process mapped it), or
+//!   0: read `p`'s scratch as this rank mapped it (the one-shot kernel's `s{p}`). Rank `p`'s
+//!   kernel writes it before its arrive flag's release, and this rank reads it after the
+//!   acquire; the next call's word is written only after this rank departed.
 //!
 //! Flags only grow, so nothing is ever cleared. A barrier meeting (arrive or depart) of epoch
 //! `e`: thread `t < nranks, t != rank` release-stores `e` (system scope) into word
@@ -46,6 +51,13 @@ pub const COUNTER: usize = 16;
 /// the next barrier every thread of the block skips the rest of the call (epochs only grow:
 /// nothing is cleared).
 pub const FAILED: usize = 17;
+
+/// Index of the first of the [`MAX_RANKS`] words in which the peers publish where this rank
+/// reads their one-shot input (see the module docs): words `PUBLISHED..PUBLISHED + MAX_RANKS`
+/// of the one-shot flag array.
+pub const PUBLISHED: usize = 24;
+
+const _: () = assert!(PUBLISHED > FAILED && PUBLISHED + MAX_RANKS <= FLAG_WORDS);
 
 /// Most ranks a one-shot all-reduce supports: the `ringccl_oneshot_*` entry points have one
 /// source slot (`s0..s7`) and one flag slot (`f0..f7`) per rank (see [`crate::entry`]).
@@ -299,6 +311,49 @@ mod dev {
         }
     }
 
+    /// `*p = v`, relaxed at system scope (a peer reads it after an acquire of a later
+    /// release by this thread).
+    ///
+    /// # Safety
+    /// `p` a valid, aligned `u64` (generic address).
+    #[inline(always)]
+    pub(crate) unsafe fn store_relaxed(p: *mut u64, v: u64) {
+        // SAFETY: per the caller.
+        unsafe {
+            asm!("st.relaxed.sys.u64 [{0}], {1};", in(reg64) p, in(reg64) v,
+                 options(nostack, preserves_flags))
+        }
+    }
+
+    /// The sources of a one-shot call after its arrive barrier: `srcs[q]` replaced by the
+    /// address rank `q` published in word [`PUBLISHED`](super::PUBLISHED)` + q` of `mine` when
+    /// that word is not 0 (`q != rank`, `q < nsrc`).
+    ///
+    /// # Safety
+    /// `mine` this rank's one-shot flag array; called after the arrive barrier, by every
+    /// thread.
+    #[inline(always)]
+    pub(crate) unsafe fn published<P: Copy>(
+        mut srcs: [*const P; MAX_RANKS],
+        mine: *const u64,
+        nsrc: usize,
+        rank: usize,
+    ) -> [*const P; MAX_RANKS] {
+        let mut k = 0;
+        while k < MAX_RANKS {
+            if k < nsrc && k != rank {
+                // SAFETY: per the caller; the word was written before the peer's release that
+                // the arrive barrier acquired.
+                let w = unsafe { load_relaxed(mine.add(super::PUBLISHED + k)) };
+                if w != 0 {
+                    srcs[k] = w as *const P;
+                }
+            }
+            k += 1;
+        }
+        srcs
+    }
+
     /// `arr[i]` for a run-time `i < MAX_RANKS` with constant indices only (a run-time index
     /// would put the array in local memory).
     #[inline(always)]
@@ -316,6 +371,6 @@ mod dev {
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::{fence_sys, meet, pick, wait_geq};
+pub(crate) use dev::{fence_sys, meet, pick, published, store_relaxed, wait_geq};
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use dev::{store_release, wait_at_least};

@@ -21,7 +21,9 @@
 //! * [`EntryKind::OneShot`]: `s0..s7 (every rank's input in rank order, unused = 0), nsrc: u32
 //!   (= nranks), dst, tmp (0 = out of place), count: u64, postdiv: u32, my_flags, f0..f7
 //!   (every rank's flag array, unused = 0), rank: u32, ctl (the control block), timeout_ns: u64,
-//!   stage (0, or this rank's input, first copied to its `s{rank}`: ranks in other processes)`;
+//!   stage (0, or this rank's input, first copied to its `s{rank}`: ranks in other processes),
+//!   p0..p7 (0, or where rank `q` reads this rank's input in its process: a registered buffer
+//!   read in place; see [`crate::ctl::PUBLISHED`])`;
 //!   launch exactly one block per rank (see [`crate::oneshot`]). Both lists have [`MAX_RANKS`]
 //!   slots.
 //! * [`EntryKind::TwoShot`]: `s0..s7 (every rank's input), nsrc: u32, d0..d7 (every rank's

@@ -196,9 +196,18 @@ macro_rules! kernel {
                 ctl: *mut u64,
                 timeout_ns: u64,
                 stage: *const $t,
+                p0: u64,
+                p1: u64,
+                p2: u64,
+                p3: u64,
+                p4: u64,
+                p5: u64,
+                p6: u64,
+                p7: u64,
             ) {
                 use crate::oneshot::MAX_RANKS;
                 let srcs: [*const $t; MAX_RANKS] = [s0, s1, s2, s3, s4, s5, s6, s7];
+                let publish: [u64; MAX_RANKS] = [p0, p1, p2, p3, p4, p5, p6, p7];
                 let flags: [*mut u64; MAX_RANKS] = [f0, f1, f2, f3, f4, f5, f6, f7];
                 // SAFETY: forwarded from the kernel's contract.
                 unsafe {
@@ -215,6 +224,7 @@ macro_rules! kernel {
                         ctl,
                         timeout_ns,
                         stage,
+                        publish,
                     )
                 }
             }

@@ -5,10 +5,14 @@
 //! Each rank owns a flag array of [`FLAG_WORDS`] `u64` in its own memory (layout in
 //! [`crate::ctl`]). One call, epoch `e = counter + 1` (the same on every rank: every rank runs
 //! the same sequence of one-shot kernels):
-//! 1. **arrive**: thread `t < nranks, t != rank` release-stores `e` (system scope) into word
+//! 1. **arrive**: thread `t < nranks, t != rank` first stores `publish[t]` (the address, in rank
+//!    `t`'s process, of this rank's input: its registered buffer as `t` mapped it, or 0 for
+//!    "my scratch") into word [`PUBLISHED`]` + rank` of rank `t`'s flags, then release-stores `e` (system scope) into word
 //!    `2 * rank` of rank `t`'s flags, then waits until word `2 * t` of my flags is `≥ e`
 //!    (acquire, system scope); a thread whose wait gives up writes `e` into word [`FAILED`];
-//!    `bar.sync`, after which every thread reads whether any wait failed.
+//!    `bar.sync`, after which every thread reads whether any wait failed, and takes rank `q`'s
+//!    source from word [`PUBLISHED`]` + q` of its own flags where it is not 0 (zero-copy: the
+//!    peer's registered input, read in place), else `s{q}`.
 //! 2. **compute** (only if every wait succeeded): the whole block folds the `nranks` inputs in
 //!    rank order `0..n` (the same on every rank, so all ranks' results are bit-identical) into
 //!    `dst`, or into `tmp` when the call is in place (my input is my output, and peers are still
@@ -26,14 +30,31 @@
 //! [`crate::ctl`]; their items are re-exported here under their old paths.
 
 pub use crate::ctl::{
-    status, COUNTER, CTL_ABORT, CTL_STATUS, CTL_WORDS, FAILED, FLAG_WORDS, MAX_RANKS, SPIN_POLLS,
-    WAIT_ENTRY,
+    status, COUNTER, CTL_ABORT, CTL_STATUS, CTL_WORDS, FAILED, FLAG_WORDS, MAX_RANKS, PUBLISHED,
+    SPIN_POLLS, WAIT_ENTRY,
 };
 pub use crate::twoshot::{two_shot_slice, what, MAX_TWO_SHOT_BLOCKS, TWO_SHOT_FLAG_WORDS};
 
+/// Whether the one-shot kernel for `dtype` and `op` reads the sources its peers publish
+/// ([`PUBLISHED`]: zero-copy inputs): every pair but the fp8 averages, whose kernels would
+/// then spill registers on sm_90 (their peers' inputs are always staged; the host checks this
+/// before it publishes anything).
+///
+/// ```
+/// use gpu_kernels::{oneshot::reads_published, op::RedOp, DataType};
+/// assert!(reads_published(DataType::F32, RedOp::Avg));
+/// assert!(!reads_published(DataType::F8E4M3, RedOp::Avg));
+/// ```
+pub const fn reads_published(dtype: crate::DataType, op: crate::op::RedOp) -> bool {
+    !(matches!(op, crate::op::RedOp::Avg)
+        && matches!(dtype, crate::DataType::F8E4M3 | crate::DataType::F8E5M2))
+}
+
 #[cfg(target_arch = "nvptx64")]
 mod dev {
-    use crate::ctl::{fence_sys, meet, pick, COUNTER, MAX_RANKS};
+    use crate::ctl::{
+        fence_sys, meet, pick, published, store_relaxed, COUNTER, MAX_RANKS, PUBLISHED,
+    };
     use crate::element::Element;
     use crate::op::{ReduceOp, Sum};
     use crate::prim::{reduce_copy, Grid};
@@ -49,7 +70,9 @@ mod dev {
     /// flag array (`flags[rank] == my_flags`), all accessible from this GPU;
     /// `rank < nsrc ≤ MAX_RANKS`; `ctl` the control block (see the module docs); `stage` null or
     /// this rank's input (`count` elements, copied into `srcs[rank]` before the barrier: ranks
-    /// in other processes read the copy).
+    /// in other processes read the copy); `publish[q]` (`q != rank`) 0 or the address in rank
+    /// `q`'s process of this rank's input (`count` elements, readable there until this rank's
+    /// depart), every rank's flag array with [`PUBLISHED`] words that only this kernel writes.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce<T: Element, O: ReduceOp>(
@@ -65,6 +88,7 @@ mod dev {
         ctl: *mut u64,
         timeout_ns: u64,
         stage: *const T,
+        publish: [u64; MAX_RANKS],
     ) {
         // SAFETY: reading special registers has no side effects.
         let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
@@ -87,9 +111,19 @@ mod dev {
                 _syncthreads();
             }
 
-            // 1. Arrive: my input is ready; wait until every peer's is.
+            // 1. Arrive: tell each peer where it reads my input (before the arrive flag's
+            // release); my input is ready; wait until every peer's is.
+            let zero_copy = super::reads_published(T::DTYPE, O::KIND);
+            if zero_copy && peer {
+                store_relaxed(theirs.add(PUBLISHED + rank), pick(publish, tid));
+            }
             let pair = (theirs, my_flags);
             let failed = meet(peer, pair, 0, epoch, ctl, timeout_ns, rank, tid);
+            let srcs = if zero_copy {
+                published(srcs, my_flags, nsrc, rank)
+            } else {
+                srcs
+            };
 
             // 2. Compute, in rank order (not after a failed wait: a peer's input may not be
             // ready, and the call has failed anyway).

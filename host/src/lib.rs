@@ -100,7 +100,7 @@ pub mod internals {
 
 pub use api::{DeviceSlice, DeviceSliceMut, Io, Op, PeerOp, RawBuf, Scalar, SendRecv};
 pub use bootstrap::{BootstrapFailure, LaunchEnv, UniqueId};
-pub use comm::{Communicator, PendingCommunicator};
+pub use comm::{Communicator, PendingCommunicator, Registered, RegistrationId};
 pub use config::{Algorithm, Config, DebugLevel, Network};
 pub use driver::device_count;
 pub use dtype::{DataType, DeviceElement, F8E4M3, F8E5M2};

@@ -510,13 +510,20 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
         if handle.is_null() {
             return Ok(());
         }
-        h.regs().deregister(regs::Kind::Buffer, handle as usize)
+        h.regs()
+            .deregister(regs::Kind::Buffer, handle as usize)
+            .map(|_| ())
     })
 }
 
-/// `ncclCommWindowRegister` (NCCL 2.27+): accepted and tracked like [`ncclCommRegister`]
-/// (ringccl has no symmetric kernels: every collective works on any buffer, a window changes
-/// nothing in how data moves); `*win` is an opaque non-NULL token for
+/// `ncclCommWindowRegister` (NCCL 2.27+; collective: every rank, in the same order): registers
+/// the buffer with ringccl (`ringccl::Communicator::register_raw`): in a communicator of
+/// processes its allocation is mapped into every peer, and a one-shot all-reduce whose input
+/// lies in it is read in place (zero-copy); every other call works as on any buffer. Memory
+/// CUDA IPC cannot export (pool or VMM allocations) stays unregistered with a logged reason,
+/// and its calls are staged: still `ncclSuccess`. `winFlags` may be `NCCL_WIN_DEFAULT` or
+/// `NCCL_WIN_COLL_SYMMETRIC` (ringccl's kernels need no symmetric layout; both are accepted);
+/// any other bit is `ncclInvalidArgument`. `*win` is an opaque non-NULL token for
 /// [`ncclCommWindowDeregister`]. NULL `buff` or `size == 0` is `ncclSuccess` with `*win`
 /// untouched, as in NCCL (`src/dev_runtime.cc`).
 ///
@@ -539,25 +546,35 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     win: *mut ncclWindow_t,
     win_flags: c_int,
 ) -> ncclResult_t {
-    let _ = win_flags;
     guard("ncclCommWindowRegister", || {
         let h = Handle::from_ptr(comm)?;
         if buff.is_null() || size == 0 {
             return Ok(());
         }
-        h.member()?;
+        let m = h.member()?;
         if win.is_null() {
             return Err(Fail::arg("win is NULL"));
         }
-        let token = h.regs().register(regs::Kind::Window, buff as u64, size);
+        if win_flags & !NCCL_WIN_COLL_SYMMETRIC != 0 {
+            return Err(Fail::arg(format!(
+                "winFlags {win_flags:#x}: only NCCL_WIN_COLL_SYMMETRIC is defined"
+            )));
+        }
+        let ring = m
+            .world
+            .comm
+            .register_raw(buff as u64, size)
+            .map_err(Fail::from)?;
+        let token = h.regs().register_window(buff as u64, size, ring);
         // SAFETY: checked non-null; the caller's contract.
         unsafe { put(win, "win", token as ncclWindow_t) }
     })
 }
 
-/// `ncclCommWindowDeregister`: releases a window from [`ncclCommWindowRegister`]. NULL is
-/// `ncclSuccess`; a window this communicator did not hand out, or one released already,
-/// `ncclInvalidUsage`.
+/// `ncclCommWindowDeregister` (collective, in registration order): releases a window from
+/// [`ncclCommWindowRegister`], undoing its ringccl registration (after this rank's previous
+/// call has ended). NULL is `ncclSuccess`; a window this communicator did not hand out, or one
+/// released already, `ncclInvalidUsage`.
 ///
 /// ```
 /// use ringccl_nccl::*;
@@ -571,8 +588,12 @@ pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) 
         if win.is_null() {
             return Ok(());
         }
-        h.query()?;
-        h.regs().deregister(regs::Kind::Window, win as usize)
+        let m = h.query()?;
+        let ring = h.regs().deregister(regs::Kind::Window, win as usize)?;
+        match ring {
+            Some(id) => m.world.comm.deregister_raw(id).map_err(Fail::from),
+            None => Ok(()),
+        }
     })
 }
 

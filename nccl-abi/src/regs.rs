@@ -1,10 +1,15 @@
 //! Buffer registrations (`ncclCommRegister`) and windows (`ncclCommWindowRegister`) of one
 //! communicator handle.
 //!
-//! ringccl's data path stages through its own buffers, so a registration changes nothing in
-//! how data moves; it is accepted and tracked so that the calls behave as NCCL's: the handle
+//! A buffer registration (`ncclCommRegister`, local in NCCL: PyTorch's allocator hook calls it
+//! on one rank at a time) is tracked only: it changes nothing in how data moves. A window
+//! (`ncclCommWindowRegister`, collective) is a ringccl registration
+//! (`ringccl::Communicator::register_raw`): among processes, a one-shot all-reduce whose input
+//! lies in it is read in place by the peers. Both are tracked so that the calls behave as
+//! NCCL's: the handle
 //! is an opaque non-NULL token (never dereferenced), registering the same range again returns
-//! the same handle with one more reference (as NCCL's registration cache does), and a
+//! the same handle with one more reference (as NCCL's registration cache does; a window,
+//! collective, is a new one each time), and a
 //! deregistration of a handle this communicator did not hand out, or of one already released,
 //! is `ncclInvalidUsage` (NCCL's "Deregister: Could not find handle").
 
@@ -28,6 +33,8 @@ struct Reg {
     addr: u64,
     size: usize,
     refs: usize,
+    /// The ringccl registration of a window (`None`: none, or a communicator of one process).
+    ring: Option<ringccl::RegistrationId>,
 }
 
 /// The live registrations of one communicator.
@@ -50,6 +57,27 @@ impl Registrations {
             r.refs += 1;
             return h;
         }
+        self.insert(kind, addr, size, None)
+    }
+
+    /// Records a window over `[addr, addr + size)` with its ringccl registration `ring`: a new
+    /// handle each time (window registration is collective: every call is one exchange).
+    pub fn register_window(
+        &mut self,
+        addr: u64,
+        size: usize,
+        ring: Option<ringccl::RegistrationId>,
+    ) -> usize {
+        self.insert(Kind::Window, addr, size, ring)
+    }
+
+    fn insert(
+        &mut self,
+        kind: Kind,
+        addr: u64,
+        size: usize,
+        ring: Option<ringccl::RegistrationId>,
+    ) -> usize {
         // Tokens look like aligned addresses in a range no allocator hands out to user space.
         let h = 0x5243_0000_0000_0000usize.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed) << 4);
         self.regs.insert(
@@ -59,13 +87,19 @@ impl Registrations {
                 addr,
                 size,
                 refs: 1,
+                ring,
             },
         );
         h
     }
 
-    /// Releases one reference of `handle`.
-    pub fn deregister(&mut self, kind: Kind, handle: usize) -> Result<()> {
+    /// Releases one reference of `handle`; the ringccl registration to undo when that was the
+    /// last.
+    pub fn deregister(
+        &mut self,
+        kind: Kind,
+        handle: usize,
+    ) -> Result<Option<ringccl::RegistrationId>> {
         let what = match kind {
             Kind::Buffer => "registration handle",
             Kind::Window => "window",
@@ -78,9 +112,9 @@ impl Registrations {
         };
         r.refs -= 1;
         if r.refs == 0 {
-            self.regs.remove(&handle);
+            return Ok(self.regs.remove(&handle).and_then(|r| r.ring));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// How many distinct registrations are live.
@@ -118,6 +152,14 @@ mod tests {
         // A handle of the other kind, or of another table.
         let w = r.register(Kind::Window, 0x9000, 4096);
         assert!(r.deregister(Kind::Buffer, w).is_err());
+        // Windows are collective: a new handle each time, each with its ringccl registration.
+        let ring = Some(ringccl::RegistrationId(7));
+        let w1 = r.register_window(0x9000, 4096, ring);
+        let w2 = r.register_window(0x9000, 4096, None);
+        assert_ne!(w1, w2);
+        assert_eq!(r.deregister(Kind::Window, w1).unwrap(), ring);
+        assert_eq!(r.deregister(Kind::Window, w2).unwrap(), None);
+        assert!(r.deregister(Kind::Window, w1).is_err());
         assert!(r.deregister(Kind::Window, b).is_err());
         let mut other = Registrations::default();
         assert!(other.deregister(Kind::Buffer, b).is_err());

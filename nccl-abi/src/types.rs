@@ -184,6 +184,12 @@ pub fn type_size(t: ncclDataType_t) -> usize {
     }
 }
 
+/// `NCCL_WIN_DEFAULT` (nccl.h): a window with no particular layout.
+pub const NCCL_WIN_DEFAULT: c_int = 0x00;
+/// `NCCL_WIN_COLL_SYMMETRIC` (nccl.h): every rank's window has the same size (NCCL's
+/// symmetric kernels). Accepted; ringccl's kernels need no symmetric layout.
+pub const NCCL_WIN_COLL_SYMMETRIC: c_int = 0x01;
+
 #[cfg(test)]
 mod tests {
     use super::*;

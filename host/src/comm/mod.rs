@@ -27,10 +27,12 @@ mod drop;
 mod graphs;
 mod handle;
 mod process;
+mod register;
 /// `Communicator::split` and `Communicator::shrink`.
 mod split;
 mod wait;
 
+pub use register::{Registered, RegistrationId};
 pub use split::PendingCommunicator;
 
 use std::sync::atomic::AtomicBool;

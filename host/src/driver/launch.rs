@@ -120,6 +120,10 @@ pub(crate) struct OneShotArgs<'a> {
     /// This rank's input, which the kernel first copies into `srcs[rank]` (ranks in other
     /// processes, which read the copy), else `None`.
     pub stage: Option<u64>,
+    /// Per rank `q`, where `q` reads this rank's input in its own process (this rank's
+    /// registered input as `q` mapped it), or 0: `q` reads `srcs[rank]` as it mapped this
+    /// rank's scratch. Empty: all 0 (see `gpu_kernels::oneshot::PUBLISHED`).
+    pub publish: &'a [u64],
 }
 
 /// The arguments of one rank's two-shot all-reduce kernel (see `gpu_kernels::oneshot`, "The
@@ -292,11 +296,12 @@ impl Kernels {
         args: &OneShotArgs<'_>,
     ) -> Result<()> {
         let n = args.srcs.len();
-        if args.flags.len() != n || args.rank >= n {
+        if args.flags.len() != n || args.rank >= n || !(args.publish.is_empty() || args.publish.len() == n) {
             return Err(Error::Internal {
                 reason: format!(
-                    "one-shot all-reduce: {n} sources, {} flag arrays, rank {}",
+                    "one-shot all-reduce: {n} sources, {} flag arrays, {} published addresses, rank {}",
                     args.flags.len(),
+                    args.publish.len(),
                     args.rank
                 ),
             });
@@ -318,7 +323,9 @@ impl Kernels {
             args.rank as u32,
         );
         let stage = args.stage.unwrap_or(0);
-        let mut params = [std::ptr::null_mut(); 2 * MAX_RANKS + 10];
+        let mut publish = [0u64; MAX_RANKS];
+        publish[..args.publish.len()].copy_from_slice(args.publish);
+        let mut params = [std::ptr::null_mut(); 3 * MAX_RANKS + 10];
         for (p, v) in params.iter_mut().zip(&s) {
             *p = param(v);
         }
@@ -337,9 +344,12 @@ impl Kernels {
         params[2 * MAX_RANKS + 7] = param(&args.ctl);
         params[2 * MAX_RANKS + 8] = param(&args.timeout_ns);
         params[2 * MAX_RANKS + 9] = param(&stage);
+        for (p, v) in params[2 * MAX_RANKS + 10..].iter_mut().zip(&publish) {
+            *p = param(v);
+        }
         // SAFETY: `ringccl_oneshot_*(u64 × MAX_RANKS, u32 nsrc, u64 dst, u64 tmp, u64 count,
         // u32 postdiv, u64 my_flags, u64 × MAX_RANKS, u32 rank, u64 ctl, u64 timeout_ns, u64
-        // stage)`; the caller guarantees the memory.
+        // stage, u64 × MAX_RANKS publish)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }
 

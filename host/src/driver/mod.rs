@@ -25,7 +25,9 @@ pub mod graph;
 pub mod ipc;
 pub mod launch;
 pub mod module;
+pub mod registered;
 pub mod scale;
+pub mod zc_counters;
 
 pub use module::Kernels;
 

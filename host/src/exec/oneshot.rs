@@ -135,6 +135,7 @@ pub(crate) fn execute<S: AsRef<CudaStream>>(
                 stage: None,
                 ctl,
                 timeout_ns,
+                publish: &[],
             };
             // SAFETY: the collective validated every rank's `count`-element buffers (inputs
             // and outputs on their own devices, outputs not partially overlapping inputs; for
@@ -232,6 +233,9 @@ pub(crate) struct RankKernel<'a> {
     pub ctl: u64,
     /// How long a wait at a barrier may last, in nanoseconds.
     pub timeout_ns: u64,
+    /// One-shot among processes: per rank `q`, where `q` reads this rank's registered input
+    /// in place (0: `srcs[rank]` as `q` mapped it); empty: all 0.
+    pub publish: &'a [u64],
 }
 
 impl RankKernel<'_> {
@@ -257,6 +261,7 @@ impl RankKernel<'_> {
                     ctl: self.ctl,
                     timeout_ns: self.timeout_ns,
                     stage: self.stage.map(|(send, _)| send),
+                    publish: self.publish,
                 };
                 // SAFETY: the caller's contract.
                 unsafe { kernels.launch_oneshot(stream, dtype, op, &args) }

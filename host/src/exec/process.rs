@@ -333,7 +333,25 @@ pub(crate) fn execute_oneshot(
     stream: &CudaStream,
 ) -> Result<()> {
     use super::oneshot::{RankKernel, Shot, TwoShotOf};
+    use crate::transport::registry::Input;
     use gpu_kernels::oneshot::MAX_RANKS;
+    // A one-shot input inside a registered allocation is read in place by the peers: the
+    // lookup asks nothing of the driver unless the input hits a registered range.
+    let input = match (shot, count.checked_mul(dtype.size())) {
+        (Shot::One, Some(bytes))
+            if mine.send != 0
+                && gpu_kernels::oneshot::reads_published(dtype, op)
+                && !call.state.windows.registry().is_empty() =>
+        {
+            let (r, n) = (call.state.rank, call.state.sent.len());
+            let ctx = call.state.windows.context().clone();
+            call.state.windows.registry().publish_for(mine.send, bytes as u64, r, n, |base| {
+                ctx.bind_to_thread().ok()?;
+                crate::driver::registered::buffer_id(base)
+            })
+        }
+        _ => Input::Staged,
+    };
     let st = &call.state;
     let (r, n) = (st.rank, st.sent.len());
     if !(2..=MAX_RANKS).contains(&n) || r >= n {
@@ -416,10 +434,30 @@ pub(crate) fn execute_oneshot(
     if !capturing {
         wait(stream, &st.end, r)?;
     }
+    // Zero-copy (one-shot): this rank reads its own input in place, and so do the peers, at the
+    // addresses the kernel publishes to them; in place, the result goes through this rank's
+    // scratch (free: nobody reads it in this call) until every peer is done reading.
+    let (publish, tmp) = match input {
+        Input::ZeroCopy(at) => {
+            srcs[r] = mine.send;
+            let tmp = (mine.recv == mine.send).then_some(scratch[r]);
+            (Some(at), tmp)
+        }
+        Input::Staged => (None, None),
+    };
     // A one-shot kernel is one block: above `STAGE_IN_KERNEL_MAX_BYTES` its copy of the input
     // is slower than the driver's, which then runs before it on the stream.
     let stage_in_kernel = matches!(shot, Shot::Two { .. }) || bytes <= STAGE_IN_KERNEL_MAX_BYTES;
-    if !stage_in_kernel {
+    let staged = match shot {
+        Shot::One => publish.is_none(),
+        Shot::Two { .. } => stage.is_some_and(|(send, _)| send != 0),
+    };
+    if publish.is_some() {
+        crate::driver::zc_counters::zero_copy_input();
+    } else if staged {
+        crate::driver::zc_counters::staged_input();
+    }
+    if !stage_in_kernel && publish.is_none() {
         // SAFETY: `mine.send` is `count` elements of this rank's input (validated by the
         // collective) and `srcs[r]` this rank's own scratch of at least `needed` bytes
         // (checked above); the previous call's end (waited for above) means no peer still
@@ -446,13 +484,17 @@ pub(crate) fn execute_oneshot(
         rank: r,
         count,
         dst: mine.recv,
-        tmp: None,
+        tmp,
         stage: match shot {
-            Shot::One => stage_in_kernel.then_some((mine.send, 0)),
+            Shot::One => (stage_in_kernel && publish.is_none()).then_some((mine.send, 0)),
             Shot::Two { .. } => stage,
         },
         ctl,
         timeout_ns,
+        publish: match &publish {
+            Some(at) => &at[..n],
+            None => &[],
+        },
     };
     // SAFETY: see above (both kernels).
     let launched = call

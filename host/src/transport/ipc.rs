@@ -419,6 +419,9 @@ pub struct Windows {
     /// rank's own and this process's mappings of the peers'): released with the windows, by
     /// the same rule.
     retired: Vec<Shared>,
+    /// Registered user buffers: this rank's and this process's mappings of the peers'
+    /// (closed with the windows, by the same rule).
+    registry: crate::transport::registry::Registry,
 }
 
 impl Drop for Windows {
@@ -429,6 +432,7 @@ impl Drop for Windows {
             self.scratch.leak_mappings();
             self.p2p.leak_mappings();
             self.retired.iter_mut().for_each(Shared::leak_mappings);
+            self.registry.leak_mappings();
         }
         if !free_own {
             let retired: usize = self.retired.iter_mut().map(Shared::leak_own).sum();
@@ -554,6 +558,7 @@ impl Windows {
             release: (Release::UNCLAIMED, DebugLevel::Warn),
             captured: false,
             retired: Vec::new(),
+            registry: Default::default(),
         })
     }
 
@@ -593,7 +598,24 @@ impl Windows {
             release: self.release,
             captured: self.captured,
             retired: std::mem::take(&mut self.retired),
+            registry: std::mem::take(&mut self.registry),
         }
+    }
+
+    /// The registered user buffers ([`crate::transport::registry`]).
+    pub fn registry(&mut self) -> &mut crate::transport::registry::Registry {
+        &mut self.registry
+    }
+
+    /// This rank's device context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Whether rank `q` is this rank or another rank of this process (its buffers are used
+    /// directly, with peer access, not mapped).
+    pub fn same_process(&self, q: usize) -> bool {
+        matches!(self.scratch.reach.get(q), Some(Reach::Direct | Reach::Own))
     }
 
     /// Sets what dropping these windows releases ([`Release::at_drop`]; until called,

@@ -23,6 +23,7 @@
 
 pub mod ipc;
 pub mod net;
+pub mod registry;
 
 use std::sync::Arc;
 

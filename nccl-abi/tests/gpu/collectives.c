@@ -560,6 +560,28 @@ int main(int argc, char **argv) {
     if (ncclCommWindowRegister(comms[0], drecv[0], cap, &win, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess || win == NULL) failures++;
     if (ncclCommWindowDeregister(comms[0], win) != ncclSuccess) failures++;
     if (ncclCommWindowDeregister(comms[0], win) != ncclInvalidUsage) failures++;
+    /* Windows are collective: the same range twice is two windows; unknown flags are refused;
+     * NULL or empty buffers are accepted with *win untouched. (Every local rank registers.) */
+    {
+      ncclWindow_t w1[8] = {0}, w2[8] = {0}, none = NULL;
+      checks += 4;
+      int bad = 0;
+      NCCL(ncclGroupStart());
+      for (int l = 0; l < nlocal && l < 8; l++) {
+        if (ncclCommWindowRegister(comms[l], drecv[l], cap, &w1[l], NCCL_WIN_DEFAULT) != ncclSuccess) bad++;
+        if (ncclCommWindowRegister(comms[l], drecv[l], cap, &w2[l], NCCL_WIN_DEFAULT) != ncclSuccess) bad++;
+      }
+      NCCL(ncclGroupEnd());
+      if (bad || w1[0] == NULL || w1[0] == w2[0]) failures++;
+      if (ncclCommWindowRegister(comms[0], drecv[0], cap, &none, 0x80) != ncclInvalidArgument || none != NULL) failures++;
+      if (ncclCommWindowRegister(comms[0], NULL, cap, &none, NCCL_WIN_DEFAULT) != ncclSuccess || none != NULL) failures++;
+      bad = 0;
+      for (int l = 0; l < nlocal && l < 8; l++) {
+        if (ncclCommWindowDeregister(comms[l], w2[l]) != ncclSuccess) bad++;
+        if (ncclCommWindowDeregister(comms[l], w1[l]) != ncclSuccess) bad++;
+      }
+      if (bad) failures++;
+    }
     if (ncclMemAlloc(&mem, 1 << 20) != ncclSuccess || mem == NULL) failures++;
     if (ncclMemFree(mem) != ncclSuccess) failures++;
   }

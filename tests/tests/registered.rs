@@ -1,0 +1,309 @@
+//! GPU test of registered (zero-copy) buffers in a job of processes: one-shot all-reduces on
+//! registered and unregistered buffers, in place and out of place, with every rank or only
+//! some ranks reading registered inputs, and a buffer freed and re-allocated between calls;
+//! every result bit-exact against the host's, and the staging copies counted
+//! (`ringccl::internals::driver::zc_counters`).
+//!
+//! `registered_buffers_across_processes` starts `RINGCCL_TEST_PROCESSES` processes (default:
+//! the visible GPUs, at least 2; more processes than GPUs need the MPS daemon), each running
+//! `rank_with_registered_buffers`. Run on a GPU machine:
+//! `cargo test -p ringccl-tests --test registered -- --include-ignored --test-threads=1
+//! --nocapture`.
+
+use std::time::Duration;
+
+use cudarc::driver::result;
+use ringccl::internals::driver::zc_counters::{snapshot, Counters};
+use ringccl::{Communicator, DeviceSlice, DeviceSliceMut, Io, RawBuf, RedOp, UniqueId};
+
+const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
+const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
+const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+
+/// Plain `cuMemAlloc` memory (what CUDA IPC exports; cudarc's own allocations may come from a
+/// stream-ordered pool, which it does not), freed on drop.
+struct Plain {
+    ptr: u64,
+    len: usize,
+    ordinal: usize,
+}
+
+impl Plain {
+    fn new(len: usize, ordinal: usize) -> Plain {
+        // SAFETY: the communicator's context is current on this thread (bound by the caller).
+        let ptr = unsafe { result::malloc_sync(len * 4) }.expect("cuMemAlloc");
+        Plain { ptr, len, ordinal }
+    }
+    fn upload(&self, v: &[i32]) {
+        assert_eq!(v.len(), self.len);
+        // SAFETY: `len` elements of live device memory; synchronous.
+        unsafe { result::memcpy_htod_sync(self.ptr, v) }.expect("upload");
+    }
+    fn download(&self) -> Vec<i32> {
+        let mut v = vec![0i32; self.len];
+        // SAFETY: as above.
+        unsafe { result::memcpy_dtoh_sync(&mut v, self.ptr) }.expect("download");
+        v
+    }
+}
+
+impl Drop for Plain {
+    fn drop(&mut self) {
+        // SAFETY: from `cuMemAlloc`, freed once, after the stream was synchronised.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+// SAFETY: `raw` describes exactly the allocation; ordering is by hand (synchronize).
+unsafe impl DeviceSlice<i32> for Plain {
+    fn raw(&self) -> RawBuf {
+        RawBuf::new(self.ptr, self.len, self.ordinal)
+    }
+}
+// SAFETY: as above.
+unsafe impl DeviceSliceMut<i32> for Plain {}
+
+fn input(r: usize, i: usize, salt: usize) -> i32 {
+    ((r * 7 + i * 3 + salt * 5) % 13) as i32 - 4
+}
+
+fn want(n: usize, i: usize, salt: usize) -> i32 {
+    (0..n).map(|q| input(q, i, salt)).sum()
+}
+
+struct Rank {
+    comm: Communicator,
+    rank: usize,
+    n: usize,
+    ordinal: usize,
+}
+
+impl Rank {
+    /// One all-reduce (sum) of `count` elements on `send` (in place if `recv` is `None`),
+    /// checked; returns the wrong elements.
+    fn call(&self, send: &mut Plain, recv: Option<&mut Plain>, count: usize, salt: usize) -> usize {
+        let (r, n) = (self.rank, self.n);
+        send.upload(&(0..send.len).map(|i| input(r, i, salt)).collect::<Vec<_>>());
+        let s = [self.comm.stream(r)];
+        let out = match recv {
+            None => {
+                self.comm
+                    .all_reduce(&mut [Io::in_place(send)], count, RedOp::Sum, &s)
+                    .expect("all_reduce");
+                self.comm.stream(r).synchronize().expect("synchronize");
+                send.download()
+            }
+            Some(recv) => {
+                self.comm
+                    .all_reduce(&mut [Io::out_of_place(&*send, recv)], count, RedOp::Sum, &s)
+                    .expect("all_reduce");
+                self.comm.stream(r).synchronize().expect("synchronize");
+                recv.download()
+            }
+        };
+        let bad = (0..count).filter(|&i| out[i] != want(n, i, salt)).count();
+        if bad > 0 {
+            eprintln!(
+                "rank {r}: {count} elements (salt {salt}): {bad} wrong, [0] = {}",
+                out[0]
+            );
+        }
+        bad
+    }
+}
+
+const COUNTS: [usize; 3] = [1, 4097, 70_000];
+
+/// Every rank registers its buffer; the ranks in `reads_registered` call on it, the others on
+/// an unregistered one. Returns the wrong elements and the counters of the calls.
+fn round(me: &Rank, reads_registered: bool) -> (usize, Counters) {
+    let len = *COUNTS.iter().max().unwrap_or(&1);
+    let mut reg_buf = Plain::new(len, me.ordinal);
+    let mut plain = Plain::new(len, me.ordinal);
+    let mut out = Plain::new(len, me.ordinal);
+    let reg = me.comm.register(&reg_buf).expect("register");
+    assert!(
+        reg.zero_copy(),
+        "rank {}: a cuMemAlloc buffer is mapped by every peer",
+        me.rank
+    );
+    let before = snapshot();
+    let mut bad = 0;
+    for (k, &c) in COUNTS.iter().enumerate() {
+        let input = if reads_registered {
+            &mut reg_buf
+        } else {
+            &mut plain
+        };
+        bad += me.call(input, Some(&mut out), c, k);
+        bad += me.call(input, None, c, k + 10);
+    }
+    let spent = snapshot().since(&before);
+    me.comm.synchronize().expect("synchronize");
+    reg.deregister().expect("deregister");
+    (bad, spent)
+}
+
+/// An in-place all-reduce on a registered buffer captured into a graph, the buffer then
+/// deregistered, the graph replayed three times with new inputs; returns the wrong elements.
+fn captured_round(me: &Rank) -> usize {
+    use cudarc::driver::sys;
+    let (r, n) = (me.rank, me.n);
+    let len = COUNTS[1];
+    let mut g = Plain::new(len, me.ordinal);
+    let reg = me.comm.register(&g).expect("register");
+    // One eager call of the size first (as any captured size needs).
+    let mut bad = me.call(&mut g, None, len, 20);
+    let stream = me.comm.stream(r).clone();
+    let before = snapshot();
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .expect("begin capture");
+    let captured = me
+        .comm
+        .all_reduce(&mut [Io::in_place(&mut g)], len, RedOp::Sum, &[&stream]);
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured.expect("captured all_reduce");
+    let graph = graph.expect("end capture").expect("a graph");
+    let spent = snapshot().since(&before);
+    assert_eq!(
+        (spent.zero_copy_inputs, spent.staged_inputs),
+        (1, 0),
+        "rank {r}: {spent:?}"
+    );
+    reg.deregister().expect("deregister");
+    for salt in 21..24 {
+        g.upload(&(0..len).map(|i| input(r, i, salt)).collect::<Vec<_>>());
+        graph.launch().expect("replay");
+        stream.synchronize().expect("synchronize");
+        let out = g.download();
+        let wrong = (0..len).filter(|&i| out[i] != want(n, i, salt)).count();
+        if wrong > 0 {
+            eprintln!("rank {r}: replay {salt}: {wrong} wrong");
+        }
+        bad += wrong;
+    }
+    drop(graph);
+    bad
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; started by registered_buffers_across_processes as each rank"]
+fn rank_with_registered_buffers() {
+    let id: UniqueId = std::env::var(ENV_ID)
+        .expect("started by registered_buffers_across_processes")
+        .parse()
+        .expect("a unique id");
+    let rank: usize = std::env::var(ENV_RANK)
+        .expect("rank")
+        .parse()
+        .expect("rank");
+    let n: usize = std::env::var(ENV_NRANKS)
+        .expect("nranks")
+        .parse()
+        .expect("nranks");
+    let mut config = ringccl::Config::from_env().expect("the RINGCCL_ variables");
+    config.algorithm = Some(ringccl::Algorithm::OneShot);
+    config.oneshot_max_bytes = config.oneshot_max_bytes.max(1 << 20);
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    let ordinal = rank % gpus.max(1);
+    let comm =
+        Communicator::init_rank_with_config(n, &id, rank, ordinal, config).expect("init_rank");
+    comm.stream(rank).context().bind_to_thread().expect("bind");
+    let me = Rank {
+        comm,
+        rank,
+        n,
+        ordinal,
+    };
+    let calls = 2 * COUNTS.len() as u64;
+    let mut bad = 0;
+
+    // Every rank reads registered inputs: nothing staged anywhere, one buffer-id check a call.
+    let (b, spent) = round(&me, true);
+    bad += b;
+    assert_eq!(
+        (spent.staged_inputs, spent.zero_copy_inputs),
+        (0, calls),
+        "rank {rank}: {spent:?}"
+    );
+    assert_eq!(spent.ipc_opens, 0, "no mapping per call");
+    assert_eq!(spent.pointer_queries, calls, "one buffer-id check per call");
+
+    // Only the even ranks read registered inputs: a mix across ranks.
+    let (b, spent) = round(&me, rank.is_multiple_of(2));
+    bad += b;
+    let want = if rank.is_multiple_of(2) {
+        (0, calls)
+    } else {
+        (calls, 0)
+    };
+    assert_eq!(
+        (spent.staged_inputs, spent.zero_copy_inputs),
+        want,
+        "rank {rank}: {spent:?}"
+    );
+
+    // Unregistered everywhere: staged as before, no driver query.
+    let (b, spent) = round(&me, false);
+    bad += b;
+    assert_eq!(
+        (spent.staged_inputs, spent.pointer_queries),
+        (calls, 0),
+        "rank {rank}: {spent:?}"
+    );
+
+    // Freed and re-allocated between calls: the stale registration must not be used.
+    let len = COUNTS[1];
+    let mut a = Plain::new(len, me.ordinal);
+    let reg = me.comm.register(&a).expect("register");
+    let mut out = Plain::new(len, me.ordinal);
+    bad += me.call(&mut a, Some(&mut out), len, 1);
+    let old = a.ptr;
+    drop(a);
+    let mut b2 = Plain::new(len, me.ordinal);
+    println!(
+        "rank {rank}: re-allocated at the freed address: {}",
+        b2.ptr == old
+    );
+    let before = snapshot();
+    bad += me.call(&mut b2, Some(&mut out), len, 2);
+    bad += me.call(&mut b2, None, len, 3);
+    let spent = snapshot().since(&before);
+    assert_eq!(
+        (spent.staged_inputs, spent.zero_copy_inputs),
+        (2, 0),
+        "rank {rank}: {spent:?}"
+    );
+    me.comm.synchronize().expect("synchronize");
+    drop(reg);
+
+    // Captured into a CUDA graph, then deregistered: replays still read it in place (the
+    // peers keep their mappings while the communicator's windows live).
+    bad += captured_round(&me);
+
+    println!("rank {rank} of {n}: {bad} wrong elements");
+    assert_eq!(bad, 0, "rank {rank}: wrong elements");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (2+ processes; more processes than GPUs under MPS)"]
+fn registered_buffers_across_processes() {
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    let n = ringccl_tests::jobs::job_size(gpus.clamp(2, 8));
+    assert!(n >= 2, "this test needs 2+ processes");
+    let id = UniqueId::new().expect("a unique id").to_string();
+    ringccl_tests::jobs::run_ranks(
+        "rank_with_registered_buffers",
+        n,
+        Duration::from_secs(240),
+        |r| {
+            vec![
+                (ENV_ID.to_string(), id.clone()),
+                (ENV_RANK.to_string(), r.to_string()),
+                (ENV_NRANKS.to_string(), n.to_string()),
+            ]
+        },
+    );
+    println!("{n} processes: every rank passed");
+}
