@@ -527,7 +527,7 @@ impl Windows {
         }
         // Every rank takes the same branch (the same `nranks`).
         let p2p = if nranks <= gpu_kernels::p2p::MAX_RANKS {
-            match Shared::exchange(ctx, rank, gpu_kernels::p2p::buffer_bytes(nranks), ex, locality) {
+            match Shared::exchange(ctx, rank, gpu_kernels::p2p::buffer_bytes(nranks), ex, locality, room) {
                 Ok(p) if p.addr.len() == nranks => p,
                 Ok(mut p) => {
                     p.leak_own();
