@@ -115,6 +115,7 @@ impl Work {
                     EntryKind::OneShot => "oneshot_sum",
                     EntryKind::TwoShot => "twoshot_sum",
                     EntryKind::TwoShotColl => "twoshot_coll_sum",
+                    EntryKind::Ll => "ll_sum",
                     EntryKind::Scale => "scale",
                 };
                 format!("{k} {}", dtype.name())
@@ -154,7 +155,7 @@ impl Work {
                 KArg::U64(1),
                 KArg::U64(0),
             ],
-            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
+            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl | EntryKind::Ll => {
                 return Err(ringccl_tests::Error::msg(
                     "the one-shot and two-shot kernels need every rank: not a single-GPU bench",
                 ))

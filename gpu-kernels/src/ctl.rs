@@ -255,6 +255,45 @@ mod dev {
         true
     }
 
+    /// One step of a bounded poll that another loop drives (the LL kernel's, whose condition
+    /// is not a flag word): after [`SPIN_POLLS`] calls it reads the abort word and the clock
+    /// and backs off like [`wait_at_least`]. `false` (with the status written) when the wait
+    /// gives up; `clock` is `(start, sleep)`, `(0, 32)` at the first call.
+    ///
+    /// # Safety
+    /// `ctl` the control block.
+    #[inline(always)]
+    pub(crate) unsafe fn wait_step(
+        polls: &mut u32,
+        clock: &mut (u64, u32),
+        ctl: *mut u64,
+        timeout_ns: u64,
+        slot: usize,
+        peer: usize,
+    ) -> bool {
+        if *polls < SPIN_POLLS {
+            *polls += 1;
+            return true;
+        }
+        // SAFETY (loads, stores): forwarded from the caller.
+        if unsafe { load_relaxed(ctl.add(CTL_ABORT)) } != 0 {
+            unsafe { give_up(ctl, slot, status::ABORTED, peer) };
+            return false;
+        }
+        let now = global_timer();
+        if clock.0 == 0 {
+            clock.0 = now;
+        } else if timeout_ns != 0 && now.wrapping_sub(clock.0) > timeout_ns {
+            unsafe { give_up(ctl, slot, status::TIMEOUT, peer) };
+            return false;
+        }
+        nanosleep(clock.1);
+        if clock.1 < 1024 {
+            clock.1 *= 2;
+        }
+        true
+    }
+
     /// One meeting of a barrier (see the module docs): if `go`, tells the peer this thread
     /// stands for (`tid`, whose flag array is `theirs`) that this rank reached `word` (0:
     /// arrive, 1: depart) of `epoch`, and waits until that peer says the same in `mine`, this
@@ -371,6 +410,6 @@ mod dev {
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::{fence_sys, meet, pick, published, store_relaxed, wait_geq};
+pub(crate) use dev::{fence_sys, meet, pick, published, store_relaxed, wait_geq, wait_step};
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use dev::{store_release, wait_at_least};

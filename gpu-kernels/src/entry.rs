@@ -37,6 +37,9 @@
 //! * [`EntryKind::TwoShotColl`]: the same parameters; `what` and `root` choose the collective
 //!   run on the two-shot barriers: reduce-scatter, all-gather, all-to-all, broadcast or reduce
 //!   (see [`crate::twoshot::what`]).
+//! * [`EntryKind::Ll`]: `src, dst, count: u64, postdiv: u32, a0..a7 (every rank's LL area,
+//!   unused = 0), nranks: u32, rank: u32, ctl, timeout_ns: u64`; launch exactly one block per
+//!   rank (see [`crate::ll`]).
 //!
 //! * [`EntryKind::Scale`]: `src, dst, count: u64, imm_bits: u64, scalar_ptr` (`dst[i] =
 //!   src[i] * scalar`; the scalar is `*scalar_ptr`, read by the kernel, or when `scalar_ptr` is
@@ -84,6 +87,9 @@ pub enum EntryKind {
     /// all-gather, all-to-all, broadcast and reduce ([`crate::twoshot::what`]). Entry points
     /// of their own, so that the all-reduce's keep its registers.
     TwoShotColl,
+    /// The LL push all-reduce of one block per rank: packets with the flag inside the data
+    /// pushed into every peer's LL area, one exchange per call (see [`crate::ll`]).
+    Ll,
     /// `dst[i] = src[i] * scalar` ([`crate::prim::scale`]): NCCL's PreMulSum
     /// pre-multiplication. No operator; the last rows of the table.
     Scale,
@@ -93,13 +99,14 @@ pub enum EntryKind {
 impl EntryKind {
     /// Every kind, in table order: the copy (no operator), the reductions, then the scale (no
     /// operator).
-    pub const ALL: [EntryKind; 7] = [
+    pub const ALL: [EntryKind; 8] = [
         EntryKind::Copy,
         EntryKind::Reduce,
         EntryKind::ReduceCopy,
         EntryKind::OneShot,
         EntryKind::TwoShot,
         EntryKind::TwoShotColl,
+        EntryKind::Ll,
         EntryKind::Scale,
     ];
 
@@ -112,6 +119,7 @@ impl EntryKind {
             EntryKind::OneShot => "oneshot",
             EntryKind::TwoShot => "twoshot",
             EntryKind::TwoShotColl => "twoshot_coll",
+            EntryKind::Ll => "ll",
             EntryKind::Scale => "scale",
         }
     }
@@ -186,7 +194,7 @@ pub const fn entry_index(kind: EntryKind, dtype: DataType, op: Option<RedOp>) ->
         (EntryKind::Copy, None) => Some(dtype.index()),
         (EntryKind::Scale, None) => Some(SCALES + dtype.index()),
         (EntryKind::Copy | EntryKind::Scale, Some(_)) | (_, None) => None,
-        // The reductions are `ALL[1..6]`.
+        // The reductions are `ALL[1..7]`.
         (kind, Some(op)) => {
             Some(TYPES + ((kind as usize - 1) * TYPES + dtype.index()) * OPS + op.index())
         }
@@ -270,7 +278,7 @@ macro_rules! entry_points {
         /// ```
         /// use gpu_kernels::{entry::find_entry, DataType, EntryKind, ENTRY_POINTS};
         /// use gpu_kernels::op::RedOp;
-        /// assert_eq!(ENTRY_POINTS.len(), 324);
+        /// assert_eq!(ENTRY_POINTS.len(), 384);
         /// let e = find_entry(EntryKind::ReduceCopy, DataType::BF16, Some(RedOp::Sum)).unwrap();
         /// assert_eq!(e.name, "ringccl_reduce_copy_sum_bf16");
         /// ```
@@ -353,6 +361,7 @@ entry_points! {
         OneShot => "oneshot",
         TwoShot => "twoshot",
         TwoShotColl => "twoshot_coll",
+        Ll => "ll",
     ],
     // The other primitive without an operator: one entry point per type.
     scale: Scale => "scale",

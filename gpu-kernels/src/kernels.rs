@@ -230,6 +230,51 @@ macro_rules! kernel {
             }
         };
     };
+    (Ll, $name:expr, $t:ty, $op:ty) => {
+        const _: () = {
+            /// LL push all-reduce of `count` elements over `nranks ≤ MAX_RANKS` ranks (one
+            /// block per rank; see `crate::ll`).
+            ///
+            /// # Safety
+            /// See `crate::ll::all_reduce`.
+            #[export_name = $name]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe extern "ptx-kernel" fn kernel(
+                src: *const $t,
+                dst: *mut $t,
+                count: u64,
+                postdiv: u32,
+                a0: *mut u8,
+                a1: *mut u8,
+                a2: *mut u8,
+                a3: *mut u8,
+                a4: *mut u8,
+                a5: *mut u8,
+                a6: *mut u8,
+                a7: *mut u8,
+                nranks: u32,
+                rank: u32,
+                ctl: *mut u64,
+                timeout_ns: u64,
+            ) {
+                let areas: [*mut u8; crate::ctl::MAX_RANKS] = [a0, a1, a2, a3, a4, a5, a6, a7];
+                // SAFETY: forwarded from the kernel's contract.
+                unsafe {
+                    crate::ll::all_reduce::<$t, $op>(
+                        src,
+                        dst,
+                        count as usize,
+                        postdiv,
+                        areas,
+                        nranks as usize,
+                        rank as usize,
+                        ctl,
+                        timeout_ns,
+                    )
+                }
+            }
+        };
+    };
     (TwoShot, $name:expr, $t:ty, $op:ty) => {
         crate::kernels::kernel!(@two_shot $name, $t, $op, true);
     };

@@ -10,6 +10,8 @@
 //!   control block every wait watches, and the bounded wait kernel;
 //! * [`oneshot`]: the one-shot all-reduce for small messages (one block per rank, a device-side
 //!   barrier over flags instead of host events);
+//! * [`ll`]: the LL push all-reduce for small calls among processes (flag inside the data,
+//!   one exchange per call);
 //! * [`twoshot`]: the two-shot all-reduce for mid sizes (many blocks per rank, a barrier per
 //!   block) and the other collectives on its barriers;
 //! * [`entry`]: the one list of `extern "ptx-kernel"` entry points, one per primitive × type
@@ -43,6 +45,7 @@ pub mod artifacts;
 pub mod ctl;
 pub mod element;
 pub mod entry;
+pub mod ll;
 pub mod oneshot;
 pub mod op;
 pub mod p2p;

@@ -6,18 +6,19 @@ use gpu_kernels::op::RedOp;
 use gpu_kernels::{DataType, EntryKind, ENTRY_POINTS};
 use std::collections::HashSet;
 
-const REDUCTIONS: [EntryKind; 5] = [
+const REDUCTIONS: [EntryKind; 6] = [
     EntryKind::Reduce,
     EntryKind::ReduceCopy,
     EntryKind::OneShot,
     EntryKind::TwoShot,
     EntryKind::TwoShotColl,
+    EntryKind::Ll,
 ];
 
 #[test]
 fn names_are_unique_and_systematic() {
-    // 12 copies + 12 types x 5 ops x 5 kinds + 12 scales.
-    assert_eq!(ENTRY_POINTS.len(), 12 + 12 * 5 * 5 + 12);
+    // 12 copies + 12 types x 5 ops x 6 kinds + 12 scales.
+    assert_eq!(ENTRY_POINTS.len(), 12 + 12 * 5 * 6 + 12);
     let names: HashSet<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
     assert_eq!(names.len(), ENTRY_POINTS.len(), "duplicate names");
     for e in ENTRY_POINTS {
@@ -39,6 +40,7 @@ fn names_are_unique_and_systematic() {
             (EntryKind::TwoShotColl, Some(op)) => {
                 format!("ringccl_twoshot_coll_{}_{}", op.name(), e.dtype.name())
             }
+            (EntryKind::Ll, Some(op)) => format!("ringccl_ll_{}_{}", op.name(), e.dtype.name()),
             _ => panic!("{e:?}: copies have no operator, reductions have one"),
         };
         assert_eq!(e.name, want);
@@ -53,6 +55,7 @@ fn names_are_unique_and_systematic() {
             "oneshot",
             "twoshot",
             "twoshot_coll",
+            "ll",
             "scale"
         ]
     );
@@ -79,17 +82,18 @@ fn layout_copies_then_kind_type_op() {
         .map(|e| (e.kind, e.dtype, e.op))
         .collect();
     assert_eq!(got, want);
-    assert_eq!(EntryKind::ALL[1..6], REDUCTIONS);
-    assert_eq!(EntryKind::ALL[6], EntryKind::Scale);
-    // Before the 12 scales: the one-shot, two-shot and other collectives' two-shot entries,
-    // 60 each (appended after the ring primitives, in that order).
+    assert_eq!(EntryKind::ALL[1..7], REDUCTIONS);
+    assert_eq!(EntryKind::ALL[7], EntryKind::Scale);
+    // Before the 12 scales: the one-shot, two-shot, other collectives' two-shot and LL
+    // entries, 60 each (appended after the ring primitives, in that order).
     let last =
         |from: usize, to: usize| &ENTRY_POINTS[ENTRY_POINTS.len() - from..ENTRY_POINTS.len() - to];
-    assert!(last(192, 132).iter().all(|e| e.kind == EntryKind::OneShot));
-    assert!(last(132, 72).iter().all(|e| e.kind == EntryKind::TwoShot));
-    assert!(last(72, 12)
+    assert!(last(252, 192).iter().all(|e| e.kind == EntryKind::OneShot));
+    assert!(last(192, 132).iter().all(|e| e.kind == EntryKind::TwoShot));
+    assert!(last(132, 72)
         .iter()
         .all(|e| e.kind == EntryKind::TwoShotColl));
+    assert!(last(72, 12).iter().all(|e| e.kind == EntryKind::Ll));
     assert!(last(12, 0).iter().all(|e| e.kind == EntryKind::Scale));
 }
 

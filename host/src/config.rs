@@ -14,6 +14,7 @@
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter, all-gather, all-to-all, broadcast or reduce (the larger buffer) that runs on its barriers (`0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
+//! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce (bytes per rank) that runs on the LL push kernel (one exchange per call) instead of one-shot; at most 32768 (its receive area), `0`: never |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
@@ -40,6 +41,12 @@ pub const DEFAULT_ONESHOT_MAX_BYTES: usize = 256 * 1024;
 /// against 7.7 / 9.3 at 64 KiB, 6.4 / 9.0 against 10.2 / 13.1 at 128 KiB; `docs/PERFORMANCE.md`),
 /// while eager calls, where the ring's extra launches cost host time, keep one-shot to 256 KiB.
 pub const DEFAULT_ONESHOT_MAX_BYTES_GRAPH: usize = 32 * 1024;
+/// Default of [`Config::ll_max_bytes`]: the whole LL receive area
+/// (`gpu_kernels::ll::LL_MAX_BYTES`, 32 KiB per rank and call), the range of the small-call
+/// target. A packet carries 8 bytes of payload in 16, so LL moves twice the bytes of the
+/// one-shot kernel; where that stops paying for its one exchange fewer is not yet measured
+/// (`docs/PERFORMANCE.md`).
+pub const DEFAULT_LL_MAX_BYTES: usize = gpu_kernels::ll::LL_MAX_BYTES;
 /// Default of [`Config::twoshot_max_bytes`].
 pub const DEFAULT_TWOSHOT_MAX_BYTES: usize = 8 << 20;
 /// Default of [`Config::peer_blocks`]: NVLink peer reads peaked at 64 blocks of 512 threads on
@@ -197,6 +204,10 @@ pub struct Config {
     pub oneshot_max_bytes: usize,
     /// The same limit for calls captured into a CUDA graph; the smaller of the two applies.
     pub oneshot_max_bytes_graph: usize,
+    /// In a job of 2 to 8 processes, all-reduces that would run one-shot and have at most this
+    /// many bytes per rank run on the LL push kernel instead (`gpu_kernels::ll`: one exchange
+    /// per call, no staging copy); above `gpu_kernels::ll::LL_MAX_BYTES` it is that; 0: never.
+    pub ll_max_bytes: usize,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between
     /// every pair, or processes of one machine); in a job of processes, so do reduce-scatters,
@@ -286,6 +297,7 @@ impl Default for Config {
             algorithm: None,
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
+            ll_max_bytes: DEFAULT_LL_MAX_BYTES,
             twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
@@ -305,7 +317,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 20] = [
+pub const ENV_VARS: [&str; 21] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -326,6 +338,7 @@ pub const ENV_VARS: [&str; 20] = [
     "RINGCCL_RANK_THREADS",
     "RINGCCL_HOST_ID",
     "RINGCCL_TWOSHOT_MAX_BYTES",
+    "RINGCCL_LL_MAX_BYTES",
 ];
 
 impl Config {
@@ -385,7 +398,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -403,6 +416,9 @@ impl Config {
         }
         if let Some(v) = parse(twoshot, get(twoshot)?, |s| parse_bytes(s, true))? {
             c.twoshot_max_bytes = v;
+        }
+        if let Some(v) = parse(ll, get(ll)?, |s| parse_bytes(s, true))? {
+            c.ll_max_bytes = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -628,6 +644,7 @@ mod tests {
             ("RINGCCL_ALGO", "OneShot"),
             ("RINGCCL_ONESHOT_MAX_BYTES", "64K"),
             ("RINGCCL_ONESHOT_MAX_BYTES_GRAPH", "16K"),
+            ("RINGCCL_LL_MAX_BYTES", "4K"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
@@ -658,6 +675,7 @@ mod tests {
         assert_eq!(c.algorithm, Some(Algorithm::OneShot));
         assert_eq!(c.oneshot_max_bytes, 64 << 10);
         assert_eq!(c.oneshot_max_bytes_graph, 16 << 10);
+        assert_eq!(c.ll_max_bytes, 4 << 10);
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));
         assert_eq!(c.debug, DebugLevel::Trace);

@@ -200,6 +200,15 @@ fn args_match(kind: EntryKind, args: &[KArg]) -> bool {
                 && !args[22].is_u64()
                 && u64s(&args[23..])
         }
+        EntryKind::Ll => {
+            args.len() == 16
+                && u64s(&args[..3])
+                && !args[3].is_u64()
+                && u64s(&args[4..12])
+                && !args[12].is_u64()
+                && !args[13].is_u64()
+                && u64s(&args[14..])
+        }
         EntryKind::TwoShot | EntryKind::TwoShotColl => {
             args.len() == 35
                 && u64s(&args[..8])

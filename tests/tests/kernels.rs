@@ -295,7 +295,7 @@ impl Bench {
             EntryKind::Reduce => (&[2, 3, 8], &[false]),
             EntryKind::ReduceCopy => (&[2], &[false, true]),
             EntryKind::Scale => return self.run_scale::<T>(rng),
-            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
+            EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl | EntryKind::Ll => {
                 return Err(ringccl_tests::Error::msg(
                     "one-shot and two-shot kernels need every rank: tests/tests/collectives.rs runs them",
                 ))
@@ -537,7 +537,11 @@ impl Bench {
             EntryKind::ReduceCopy => {
                 KArg::reduce_copy(src_ptrs[0], src_ptrs[1], dst0, dst1, n as u64, case.postdiv)
             }
-            EntryKind::Scale | EntryKind::OneShot | EntryKind::TwoShot | EntryKind::TwoShotColl => {
+            EntryKind::Scale
+            | EntryKind::OneShot
+            | EntryKind::TwoShot
+            | EntryKind::TwoShotColl
+            | EntryKind::Ll => {
                 return Err(ringccl_tests::Error::msg(
                     "scale, one-shot and two-shot kernels are not run by run_case",
                 ))

@@ -24,6 +24,7 @@
 pub mod graph;
 pub mod ipc;
 pub mod launch;
+pub(crate) mod ll;
 pub mod module;
 pub mod registered;
 pub mod scale;

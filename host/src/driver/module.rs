@@ -407,6 +407,7 @@ mod tests {
                     (EntryKind::OneShot, "oneshot"),
                     (EntryKind::TwoShot, "twoshot"),
                     (EntryKind::TwoShotColl, "twoshot_coll"),
+                    (EntryKind::Ll, "ll"),
                 ] {
                     let i = entry_index(kind, dt, Some(op)).unwrap();
                     assert_eq!(

@@ -42,6 +42,7 @@
 
 pub mod copy_engine;
 pub mod hybrid;
+pub(crate) mod ll;
 pub mod oneshot;
 pub mod net;
 pub mod p2p;

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::CudaStream;
 
 use super::process::ProcessCall;
-use super::{copy_engine, hybrid, internal, net, oneshot, process, ring, RankPtrs};
+use super::{copy_engine, hybrid, internal, ll, net, oneshot, process, ring, RankPtrs};
 use crate::plan::call::CallPlan;
 use crate::plan::tuning::Traffic;
 use crate::resources::rank_threads::RankThreads;
@@ -102,7 +102,7 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
             };
             let stream = stream.as_ref();
             let signal_free = |p: &CallPlan| match p {
-                CallPlan::ProcessShot { .. } => true,
+                CallPlan::ProcessShot { .. } | CallPlan::ProcessLl { .. } => true,
                 CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
                 _ => false,
             };
@@ -114,6 +114,13 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                 CallPlan::ProcessShot { shot, count, scratch } => track.all(&mut || {
                     call.ensure_scratch(*scratch)?;
                     process::execute_oneshot(&mut call, *shot, dtype, op, mine, *count, stream)
+                }),
+                CallPlan::ProcessLl { count } => track.all(&mut || {
+                    if let Some(why) = ll::refusal(&call, dtype, *count, mine) {
+                        // Nothing is launched: the peers' LL kernels end at their timeout.
+                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
+                    }
+                    ll::execute(&mut call, dtype, op, mine, *count, stream)
                 }),
                 CallPlan::ProcessRing { plan, .. } => {
                     call.ensure_scratch(plan.prepared.schedule.scratch_len.saturating_mul(dtype.size()))?;

@@ -277,6 +277,13 @@ pub enum CallPlan {
         /// Scratch bytes every rank needs ([`scratch_for`]).
         scratch: usize,
     },
+    /// Processes: this rank's LL push all-reduce (`gpu_kernels::ll`, `exec::ll`): one kernel
+    /// that pushes the input, the flag inside each packet, into every peer's LL area and folds
+    /// the peers' packets; one exchange per call, no staging copy.
+    ProcessLl {
+        /// Elements.
+        count: usize,
+    },
     /// Processes: the ring schedule through scratch, ordered by signals (`exec::process`).
     ProcessRing {
         /// Elements per step.
@@ -317,6 +324,7 @@ impl std::fmt::Debug for CallPlan {
                 .field("count", count)
                 .field("scratch", scratch)
                 .finish(),
+            CallPlan::ProcessLl { count } => f.debug_struct("ProcessLl").field("count", count).finish(),
             CallPlan::ProcessRing { chunk, plan } => f
                 .debug_struct("ProcessRing")
                 .field("chunk", chunk)
@@ -338,9 +346,9 @@ impl CallPlan {
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn algorithm(&self) -> Algorithm {
         match self {
-            CallPlan::Shot { shot: Shot::One, .. } | CallPlan::ProcessShot { shot: Shot::One, .. } => {
-                Algorithm::OneShot
-            }
+            CallPlan::Shot { shot: Shot::One, .. }
+            | CallPlan::ProcessShot { shot: Shot::One, .. }
+            | CallPlan::ProcessLl { .. } => Algorithm::OneShot,
             CallPlan::Shot { .. } | CallPlan::ProcessShot { .. } => Algorithm::TwoShot,
             CallPlan::CopyEngine(_) => Algorithm::CopyEngine,
             CallPlan::Ring { .. }
@@ -529,6 +537,9 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
     if let Some(shot) = shot {
         let count = c.count();
         let bytes = count.saturating_mul(size);
+        if shot == Shot::One && ll_fits(c, bytes, n, config) {
+            return Ok((CallPlan::ProcessLl { count }, false));
+        }
         let scratch = scratch_for(shot, bytes, n).ok_or_else(|| Error::Internal {
             reason: format!("a call of {bytes} bytes per rank overflows the scratch size"),
         })?;
@@ -540,6 +551,28 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
         .plans
         .get_or_build(key, || ProcessPlan::new(&c.schedule(v.ring, layout, chunk)))?;
     Ok((CallPlan::ProcessRing { chunk, plan }, new))
+}
+
+/// Whether an all-reduce of `bytes` per rank among `nranks` processes, which would run
+/// one-shot, runs on the LL push kernel instead: 2 to `MAX_RANKS` ranks, at most
+/// [`Config::ll_max_bytes`] and the LL area's `gpu_kernels::ll::LL_MAX_BYTES`. The LL kernel
+/// also needs 8-byte aligned buffers; a call on others runs one-shot (`exec::ll`).
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::ll_fits;
+/// use ringccl::Config;
+/// let c = Config::default();
+/// let ar = Collective::AllReduce { count: 1024 };
+/// assert!(ll_fits(ar, 4096, 2, &c));
+/// assert!(!ll_fits(ar, 64 << 10, 2, &c));
+/// assert!(!ll_fits(ar, 4096, 9, &c));
+/// assert!(!ll_fits(Collective::AllGather { sendcount: 1024 }, 4096, 2, &c));
+/// ```
+pub fn ll_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
+    matches!(c, Collective::AllReduce { .. })
+        && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
+        && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
 }
 
 /// The largest call (bytes per rank; the larger buffer of the collectives but the all-reduce)

@@ -41,9 +41,16 @@ use crate::{Error, Result};
 
 /// Bytes of a rank's flag area: one 8-byte signal word per possible peer, then the one-shot
 /// all-reduce's flag array (`gpu_kernels::oneshot::FLAG_WORDS` words), then the two-shot
-/// all-reduce's flag region (`TWO_SHOT_FLAG_WORDS` words).
-pub const FLAG_BYTES: usize =
-    SIGNAL_BYTES + (gpu_kernels::oneshot::FLAG_WORDS + gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS) * 8;
+/// all-reduce's flag region (`TWO_SHOT_FLAG_WORDS` words), then (at [`LL_AREA_OFFSET`]) the LL
+/// kernel's area (`gpu_kernels::ll::LL_AREA_BYTES`, about 1 MiB: it is used by nothing else,
+/// so no other call's data can ever look like an LL packet's flag).
+pub const FLAG_BYTES: usize = LL_AREA_OFFSET + gpu_kernels::ll::LL_AREA_BYTES;
+
+/// Byte offset of the LL area in a rank's flag area (256-byte aligned, after the two-shot
+/// flag region).
+pub const LL_AREA_OFFSET: usize = (SIGNAL_BYTES
+    + (gpu_kernels::oneshot::FLAG_WORDS + gpu_kernels::oneshot::TWO_SHOT_FLAG_WORDS) * 8)
+    .next_multiple_of(256);
 
 /// Bytes of the signal words at the start of a flag area.
 pub const SIGNAL_BYTES: usize = MAX_PROCESS_RANKS * 8;
@@ -659,6 +666,11 @@ impl Windows {
     pub fn twoshot_flags(&self, q: usize) -> Option<u64> {
         let at = SIGNAL_BYTES + gpu_kernels::oneshot::FLAG_WORDS * 8;
         self.flags.addr.get(q).map(|base| base + at as u64)
+    }
+
+    /// The address, in this process, of rank `q`'s LL area (see `gpu_kernels::ll`).
+    pub fn ll_area(&self, q: usize) -> Option<u64> {
+        self.flags.addr.get(q).map(|base| base + LL_AREA_OFFSET as u64)
     }
 
     /// The most blocks of this communicator's two-shot kernel (the same answer on every rank):

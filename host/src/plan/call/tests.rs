@@ -38,6 +38,7 @@ enum Want {
     CopyEngine,
     Ring,
     ProcessShot(Shot, usize),
+    ProcessLl,
     ProcessRing,
     Network(bool),
     Hybrid(bool),
@@ -133,6 +134,7 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
         (Ok((CallPlan::ProcessShot { shot, count: k, scratch }, _)), Want::ProcessShot(w, s)) => {
             shot == w && *k == count && scratch == s
         }
+        (Ok((CallPlan::ProcessLl { count: k }, new)), Want::ProcessLl) => *k == count && !*new,
         (Ok((CallPlan::ProcessRing { plan, .. }, new)), Want::ProcessRing) => {
             *new && !plan.prepared.schedule.steps.is_empty()
         }
@@ -159,6 +161,10 @@ fn every_branch_of_the_choice() {
     let ts = |of, count: usize, n| two(of, count * 4, n);
     let pc2 = Comm::ProcsCapturing(2);
     let tmax = d.twoshot_max_bytes / 4;
+    let ll_max = gpu_kernels::ll::LL_MAX_BYTES / 4;
+    let ll_off = Config { ll_max_bytes: 0, ..Config::default() };
+    let ll_1k = Config { ll_max_bytes: 1024, ..Config::default() };
+    let ll_big = Config { ll_max_bytes: 1 << 30, ..Config::default() };
     #[rustfmt::skip]
     let rows: Vec<(&str, Collective, Layout, Comm, Config, Want)> = vec![
         // One process, all-reduce.
@@ -189,7 +195,15 @@ fn every_branch_of_the_choice() {
         ("forced copy engines reduce: ring", C::Reduce { count: small, root: 0 }, OUT, all, forced(Algorithm::CopyEngine), Want::Ring),
         ("scatter: ring", C::Scatter { recvcount: small, root: 0 }, OUT, all, d.clone(), Want::Ring),
         // Processes of one machine.
-        ("processes, small all-reduce: one-shot", C::AllReduce { count: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(Shot::One, small * 4)),
+        ("processes, small all-reduce: LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessLl),
+        ("processes, small all-reduce in place: LL", C::AllReduce { count: small }, IN, Comm::Procs(8), d.clone(), Want::ProcessLl),
+        ("processes, all-reduce at the LL limit: LL", C::AllReduce { count: ll_max }, OUT, Comm::Procs(2), d.clone(), Want::ProcessLl),
+        ("processes, all-reduce above the LL limit: one-shot", C::AllReduce { count: ll_max + 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(Shot::One, (ll_max + 1) * 4)),
+        ("processes, LL off: one-shot", C::AllReduce { count: small }, OUT, Comm::Procs(2), ll_off.clone(), Want::ProcessShot(Shot::One, small * 4)),
+        ("processes, LL limit lowered: one-shot above it", C::AllReduce { count: small }, OUT, Comm::Procs(2), ll_1k.clone(), Want::ProcessShot(Shot::One, small * 4)),
+        ("processes, LL limit above its area: the area's", C::AllReduce { count: ll_max + 1 }, OUT, Comm::Procs(2), ll_big.clone(), Want::ProcessShot(Shot::One, (ll_max + 1) * 4)),
+        ("processes, forced two-shot: no LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, small, 2), scratch_for(ts(TwoShotOf::AllReduce, small, 2), small * 4, 2).unwrap_or(0))),
+        ("processes, small reduce-scatter: no LL", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 2 * small, 2), 2 * small * 4)),
         ("processes, mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("processes, 64 MiB all-reduce: ring", C::AllReduce { count: 4 * big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         ("processes, forced copy engines: ring", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::CopyEngine), Want::ProcessRing),
@@ -200,12 +214,13 @@ fn every_branch_of_the_choice() {
         ("processes, large all-gather: ring", C::AllGather { sendcount: big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         // Processes of one machine, under CUDA-graph capture: the one-shot and two-shot
         // kernels for every size they can, forced algorithms notwithstanding; the rest refused.
-        ("captured small all-reduce: one-shot", C::AllReduce { count: small }, IN, pc2, d.clone(), Want::ProcessShot(Shot::One, small * 4)),
+        ("captured small all-reduce: LL", C::AllReduce { count: small }, IN, pc2, d.clone(), Want::ProcessLl),
+        ("captured small all-reduce, LL off: one-shot", C::AllReduce { count: small }, IN, pc2, ll_off.clone(), Want::ProcessShot(Shot::One, small * 4)),
         ("captured mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("captured all-reduce at the two-shot limit: two-shot", C::AllReduce { count: tmax }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, tmax, 2), scratch_for(ts(TwoShotOf::AllReduce, tmax, 2), tmax * 4, 2).unwrap_or(0))),
         ("captured all-reduce above the two-shot limit: refused", C::AllReduce { count: tmax + 1 }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
         ("captured forced ring: two-shot all the same", C::AllReduce { count: mid }, OUT, pc2, forced(Algorithm::Ring), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
-        ("captured forced copy engines: one-shot", C::AllReduce { count: small }, OUT, pc2, forced(Algorithm::CopyEngine), Want::ProcessShot(Shot::One, small * 4)),
+        ("captured forced copy engines: LL", C::AllReduce { count: small }, OUT, pc2, forced(Algorithm::CopyEngine), Want::ProcessLl),
         ("captured forced two-shot above the limit: two-shot", C::AllReduce { count: big }, OUT, pc2, forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, big, 2), scratch_for(ts(TwoShotOf::AllReduce, big, 2), big * 4, 2).unwrap_or(0))),
         ("captured reduce-scatter: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 4 * small, 4), 4 * small * 4)),
         ("captured all-gather: two-shot", C::AllGather { sendcount: small }, IN, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),

@@ -1,0 +1,370 @@
+//! The LL ("low-latency") push all-reduce for small calls among processes: NCCL's LL protocol,
+//! flag and payload in one 16-byte store, so a call costs ONE exchange (a one-way trip) instead
+//! of the one-shot kernel's two barriers.
+//!
+//! ## The LL area
+//!
+//! Each rank owns an **LL area** of [`LL_AREA_BYTES`] in its flag area (mapped by every peer,
+//! zeroed once when the communicator is built, used by nothing else):
+//! * a header of [`LL_HEADER_WORDS`] `u64`: word [`LL_COUNTER`] counts this rank's LL calls
+//!   (the epoch, kept on the device: no host sequence number, so a CUDA graph's replays stay
+//!   right), word [`LL_FAILED`] the last epoch in which a wait of this rank gave up;
+//! * then `2` parities × [`crate::ctl::MAX_RANKS`] slots of [`LL_SLOT_BYTES`]: slot
+//!   `(parity, src)` ([`slot_offset`]) receives rank `src`'s packets of the calls whose epoch
+//!   has that parity.
+//!
+//! A **packet** ([`PACKET_BYTES`]) is `{data_lo: u32, flag: u32, data_hi: u32, flag: u32}`: 8
+//! bytes of payload and the call's flag twice, written with one `st.volatile.v4.u32`, so a
+//! reader that sees both flags equal to its call's flag ([`ll_flag`]) sees the payload too.
+//!
+//! ## One call (epoch `e` = counter + 1, flag `f = ll_flag(e)`, parity `e % 2`)
+//! One block. Thread `t` owns packets `i ≡ t (mod threads)`: it reads payload `i` (bytes
+//! `8 i .. 8 i + 8`, one 8-byte load where both buffers are 8-byte aligned, else element by
+//! element) of its input (the caller's send buffer, directly: no staging copy) and
+//! stores it as a packet into slot `(parity, rank)` of every peer's area; then, for the same
+//! packets, polls its own area's slot `(parity, q)` for every peer `q` until the packet carries
+//! `f`, folds the ranks' payloads lane by lane in rank order `0..n` (the same order and
+//! arithmetic as the one-shot kernel: bit-identical results on every rank), and writes output
+//! payload `i`. In place is safe: a thread reads its own packets of the input before it writes
+//! the same bytes of the output. Thread 0 then stores `e` into the counter.
+//!
+//! Why two parities suffice: a rank in call `e` has finished `e - 1`, which needed every peer's
+//! packets of `e - 1`, so every peer has finished `e - 2` and no longer reads the slots of
+//! parity `e % 2` (this needs each rank's LL kernels of a communicator to run one after the
+//! other, in call order: the host orders them on the stream). Stale packets of `e - 2` carry
+//! another flag, and zeroed memory flag 0, which [`ll_flag`] never returns.
+//!
+//! A wait polls [`crate::ctl::SPIN_POLLS`] times, then also watches the control block's abort
+//! word and the clock like every other wait ([`crate::ctl`]); a wait that gives up writes its
+//! status, sets the abort word on a timeout, writes `e` into [`LL_FAILED`], and its thread
+//! stops (the call's output is then undefined and the host reports the error).
+
+use crate::element::Element;
+use crate::op::ReduceOp;
+
+/// Most payload bytes per rank of an LL call: a slot holds twice as many (the flags).
+pub const LL_MAX_BYTES: usize = 32 << 10;
+
+/// Bytes of one packet: 8 bytes of payload, two 4-byte flags.
+pub const PACKET_BYTES: usize = 16;
+
+/// Payload bytes of one packet.
+pub const PACKET_PAYLOAD: usize = 8;
+
+/// Bytes of one slot: the packets of [`LL_MAX_BYTES`] of payload.
+pub const LL_SLOT_BYTES: usize = LL_MAX_BYTES / PACKET_PAYLOAD * PACKET_BYTES;
+
+/// `u64` words of an LL area's header (256 bytes, keeping the slots 16-byte aligned).
+pub const LL_HEADER_WORDS: usize = 32;
+
+/// Index in the header of the word that counts this rank's LL calls.
+pub const LL_COUNTER: usize = 0;
+
+/// Index in the header of the word a thread whose wait failed writes the epoch into.
+pub const LL_FAILED: usize = 1;
+
+/// Bytes of one rank's LL area: the header, then 2 parities × `MAX_RANKS` slots.
+pub const LL_AREA_BYTES: usize = LL_HEADER_WORDS * 8 + 2 * crate::ctl::MAX_RANKS * LL_SLOT_BYTES;
+
+/// Byte offset, from the start of an LL area, of slot `(parity, src)`.
+///
+/// ```
+/// use gpu_kernels::ll::{slot_offset, LL_AREA_BYTES, LL_HEADER_WORDS, LL_SLOT_BYTES};
+/// assert_eq!(slot_offset(0, 0), LL_HEADER_WORDS * 8);
+/// assert_eq!(slot_offset(1, 7) + LL_SLOT_BYTES, LL_AREA_BYTES);
+/// ```
+#[inline(always)]
+pub const fn slot_offset(parity: usize, src: usize) -> usize {
+    LL_HEADER_WORDS * 8 + (parity * crate::ctl::MAX_RANKS + src) * LL_SLOT_BYTES
+}
+
+/// The flag of the call of epoch `epoch` (≥ 1): never 0 (the zeroed area), and different for
+/// two epochs of the same parity unless they are `2^32 - 1` calls apart... which they cannot
+/// be both in a slot, as a slot only ever holds the last two calls of its parity.
+///
+/// ```
+/// use gpu_kernels::ll::ll_flag;
+/// assert_eq!(ll_flag(1), 1);
+/// assert_eq!(ll_flag(0xFFFF_FFFF), 0xFFFF_FFFF);
+/// assert_eq!(ll_flag(0x1_0000_0000), 1);
+/// assert_ne!(ll_flag(0x1_0000_0000), ll_flag(0xFFFF_FFFF));
+/// ```
+#[inline(always)]
+pub const fn ll_flag(epoch: u64) -> u32 {
+    (epoch.wrapping_sub(1) % 0xFFFF_FFFF) as u32 + 1
+}
+
+/// A packet as the kernel stores it: payload `raw` (8 bytes, little-endian) with `flag`.
+///
+/// ```
+/// use gpu_kernels::ll::pack;
+/// assert_eq!(pack(0x1122_3344_5566_7788, 9), [0x5566_7788, 9, 0x1122_3344, 9]);
+/// ```
+#[inline(always)]
+pub const fn pack(raw: u64, flag: u32) -> [u32; 4] {
+    [raw as u32, flag, (raw >> 32) as u32, flag]
+}
+
+/// The payload of a packet if it carries `flag` (both flag words), else `None`.
+///
+/// ```
+/// use gpu_kernels::ll::{pack, unpack};
+/// assert_eq!(unpack(pack(42, 3), 3), Some(42));
+/// assert_eq!(unpack(pack(42, 3), 4), None);
+/// assert_eq!(unpack([1, 3, 2, 0], 3), None);
+/// ```
+#[inline(always)]
+pub const fn unpack(p: [u32; 4], flag: u32) -> Option<u64> {
+    if p[1] == flag && p[3] == flag {
+        Some(p[0] as u64 | (p[2] as u64) << 32)
+    } else {
+        None
+    }
+}
+
+/// `acc ⊕ v` lane by lane: the payloads as `8 / size` elements of `T` (little-endian), each
+/// combined with [`ReduceOp::combine`], the one-shot kernel's arithmetic.
+///
+/// ```
+/// use gpu_kernels::ll::fold_lanes;
+/// use gpu_kernels::op::Sum;
+/// let a = u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 250]);
+/// let b = u64::from_le_bytes([1, 1, 1, 1, 1, 1, 1, 10]);
+/// assert_eq!(fold_lanes::<u8, Sum>(a, b).to_le_bytes(), [2, 3, 4, 5, 6, 7, 8, 4]);
+/// ```
+#[inline(always)]
+pub fn fold_lanes<T: Element, O: ReduceOp>(acc: u64, v: u64) -> u64 {
+    let lanes = PACKET_PAYLOAD / T::SIZE;
+    let bits = 8 * T::SIZE;
+    let mask = u64::MAX >> (64 - bits);
+    let mut out = 0u64;
+    let mut l = 0;
+    while l < lanes {
+        let a = T::from_raw(acc >> (bits * l));
+        let b = T::from_raw(v >> (bits * l));
+        out |= (O::combine(a, b).to_raw() & mask) << (bits * l);
+        l += 1;
+    }
+    out
+}
+
+/// [`ReduceOp::finish`] on every lane of a payload (see [`fold_lanes`]).
+///
+/// ```
+/// use gpu_kernels::ll::finish_lanes;
+/// use gpu_kernels::op::Avg;
+/// let a = u64::from_le_bytes([2, 4, 6, 8, 10, 12, 14, 16]);
+/// assert_eq!(finish_lanes::<u8, Avg>(a, 2).to_le_bytes(), [1, 2, 3, 4, 5, 6, 7, 8]);
+/// ```
+#[inline(always)]
+pub fn finish_lanes<T: Element, O: ReduceOp>(acc: u64, postdiv: u32) -> u64 {
+    let lanes = PACKET_PAYLOAD / T::SIZE;
+    let bits = 8 * T::SIZE;
+    let mask = u64::MAX >> (64 - bits);
+    let mut out = 0u64;
+    let mut l = 0;
+    while l < lanes {
+        let a = T::from_raw(acc >> (bits * l));
+        out |= (O::finish(a, postdiv).to_raw() & mask) << (bits * l);
+        l += 1;
+    }
+    out
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod dev {
+    use super::{finish_lanes, fold_lanes};
+    use super::{ll_flag, slot_offset, LL_COUNTER, LL_FAILED, PACKET_BYTES, PACKET_PAYLOAD};
+    use crate::ctl::{pick, wait_step, MAX_RANKS};
+    use crate::element::Element;
+    use crate::op::ReduceOp;
+    use core::arch::asm;
+    use core::arch::nvptx::{_block_dim_x, _syncthreads, _thread_idx_x};
+
+    #[inline(always)]
+    unsafe fn store_packet(p: *mut u8, v: [u32; 4]) {
+        // SAFETY: the caller guarantees `p` is a valid, 16-byte aligned packet.
+        unsafe {
+            asm!("st.volatile.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p,
+                 in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+                 options(nostack, preserves_flags))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_packet(p: *const u8) -> [u32; 4] {
+        let (a, b, c, d): (u32, u32, u32, u32);
+        // SAFETY: the caller guarantees `p` is a valid, 16-byte aligned packet.
+        unsafe {
+            asm!("ld.volatile.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a,
+                 out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+                 options(nostack, preserves_flags))
+        }
+        [a, b, c, d]
+    }
+
+    /// Payload `i` of `src` (`count` elements; one 8-byte load when `aligned`, else element
+    /// by element): zero past the end.
+    #[inline(always)]
+    unsafe fn load_payload<T: Element>(
+        src: *const T,
+        i: usize,
+        count: usize,
+        aligned: bool,
+    ) -> u64 {
+        let lanes = PACKET_PAYLOAD / T::SIZE;
+        // SAFETY: in bounds of `count` elements, per the caller.
+        unsafe {
+            if aligned && (i + 1) * lanes <= count {
+                return (src as *const u64).add(i).read();
+            }
+            let mut raw = 0u64;
+            let mut l = 0;
+            while l < lanes {
+                let e = i * lanes + l;
+                if e < count {
+                    raw |= src.add(e).read().to_raw() << (8 * T::SIZE * l);
+                }
+                l += 1;
+            }
+            raw
+        }
+    }
+
+    /// Writes payload `i` into `dst` (`count` elements; like [`load_payload`]), nothing past
+    /// the end.
+    #[inline(always)]
+    unsafe fn store_payload<T: Element>(
+        dst: *mut T,
+        i: usize,
+        count: usize,
+        raw: u64,
+        aligned: bool,
+    ) {
+        let lanes = PACKET_PAYLOAD / T::SIZE;
+        // SAFETY: in bounds of `count` elements, per the caller.
+        unsafe {
+            if aligned && (i + 1) * lanes <= count {
+                (dst as *mut u64).add(i).write(raw);
+                return;
+            }
+            let mut l = 0;
+            while l < lanes {
+                let e = i * lanes + l;
+                if e < count {
+                    dst.add(e).write(T::from_raw(raw >> (8 * T::SIZE * l)));
+                }
+                l += 1;
+            }
+        }
+    }
+
+    /// The kernel body of `ringccl_ll_{op}_{ty}` (see the module docs).
+    ///
+    /// # Safety
+    /// One block; every rank launched with the same `nranks`, `count` and type; `src` and
+    /// `dst` `count` elements (element-aligned; `dst == src` allowed); `count * size ≤
+    /// LL_MAX_BYTES`; `areas[0..nranks]` every rank's LL area (`areas[rank]` this rank's),
+    /// accessible from this GPU and used by no one but this communicator's LL kernels, which
+    /// run on each rank in call order; `rank < nranks ≤ MAX_RANKS`; `ctl` the control block.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce<T: Element, O: ReduceOp>(
+        src: *const T,
+        dst: *mut T,
+        count: usize,
+        postdiv: u32,
+        areas: [*mut u8; MAX_RANKS],
+        nranks: usize,
+        rank: usize,
+        ctl: *mut u64,
+        timeout_ns: u64,
+    ) {
+        // SAFETY: reading special registers has no side effects.
+        let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
+        let n = if nranks > MAX_RANKS {
+            MAX_RANKS
+        } else {
+            nranks
+        };
+        let lanes = PACKET_PAYLOAD / T::SIZE;
+        let packets = count.div_ceil(lanes);
+        // Payloads move as one 8-byte access where both buffers allow it.
+        let aligned = (src as usize | dst as usize) % PACKET_PAYLOAD == 0;
+        let mine = pick(areas, rank);
+        let header = mine as *mut u64;
+        // SAFETY (whole body): pointers per this function's contract; the counter is written
+        // only by thread 0 after the block's last barrier, when every thread has read it.
+        unsafe {
+            let epoch = core::ptr::read_volatile(header.add(LL_COUNTER)).wrapping_add(1);
+            let flag = ll_flag(epoch);
+            let parity = (epoch & 1) as usize;
+            let out_slot = slot_offset(parity, rank);
+
+            // 1. Push: my payloads into slot (parity, rank) of every peer.
+            let mut i = tid;
+            while i < packets {
+                let raw = load_payload(src, i, count, aligned);
+                let v = super::pack(raw, flag);
+                let mut q = 0;
+                while q < MAX_RANKS {
+                    if q < n && q != rank {
+                        let area = pick(areas, q);
+                        store_packet(area.add(out_slot + i * PACKET_BYTES), v);
+                    }
+                    q += 1;
+                }
+                i += threads;
+            }
+
+            // 2. Receive and fold in rank order.
+            let mut i = tid;
+            let mut failed = false;
+            while i < packets && !failed {
+                let own = load_payload(src, i, count, aligned);
+                let mut acc = 0u64;
+                let mut q = 0;
+                while q < MAX_RANKS && q < n {
+                    let v = if q == rank {
+                        own
+                    } else {
+                        let p = mine.add(slot_offset(parity, q) + i * PACKET_BYTES);
+                        let mut polls = 0u32;
+                        let mut clock = (0u64, 32u32);
+                        loop {
+                            if let Some(v) = super::unpack(load_packet(p), flag) {
+                                break v;
+                            }
+                            if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, rank, q) {
+                                failed = true;
+                                break 0;
+                            }
+                        }
+                    };
+                    if failed {
+                        break;
+                    }
+                    acc = if q == 0 {
+                        v
+                    } else {
+                        fold_lanes::<T, O>(acc, v)
+                    };
+                    q += 1;
+                }
+                if failed {
+                    core::ptr::write_volatile(header.add(LL_FAILED), epoch);
+                    break;
+                }
+                store_payload(dst, i, count, finish_lanes::<T, O>(acc, postdiv), aligned);
+                i += threads;
+            }
+            _syncthreads();
+            if tid == 0 {
+                core::ptr::write_volatile(header.add(LL_COUNTER), epoch);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use dev::all_reduce;

@@ -1,0 +1,136 @@
+//! Launching the LL push all-reduce (`gpu_kernels::ll`): its arguments ([`LlArgs`]) and one
+//! launch of one block.
+
+use std::ffi::c_void;
+
+use cudarc::driver::CudaStream;
+use gpu_kernels::ll::LL_MAX_BYTES;
+use gpu_kernels::oneshot::MAX_RANKS;
+use gpu_kernels::EntryKind;
+
+use super::launch::LaunchPlan;
+use super::Kernels;
+use crate::{DataType, Error, RedOp, Result};
+
+/// The arguments of one rank's LL all-reduce kernel (see `gpu_kernels::ll`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LlArgs<'a> {
+    /// This rank's input (8-byte aligned).
+    pub src: u64,
+    /// This rank's output (8-byte aligned; may be `src`).
+    pub dst: u64,
+    /// Elements (at most `LL_MAX_BYTES` bytes).
+    pub count: usize,
+    /// The rank count for avg's final division, else 1.
+    pub postdiv: u32,
+    /// Every rank's LL area, in rank order (2 to [`MAX_RANKS`]).
+    pub areas: &'a [u64],
+    /// This rank.
+    pub rank: usize,
+    /// The device address of the communicator's control block.
+    pub ctl: u64,
+    /// How long a wait may last, in nanoseconds (0: until aborted).
+    pub timeout_ns: u64,
+}
+
+/// Why the LL kernel cannot run a call, or `None` when it can: 2 to [`MAX_RANKS`] ranks, at
+/// most [`LL_MAX_BYTES`] bytes, both buffers aligned to the element (`size` bytes; the kernel
+/// moves 8-byte payloads, element by element where a buffer is not 8-byte aligned).
+pub(crate) fn ll_refusal(nranks: usize, bytes: usize, (src, dst): (u64, u64), size: usize) -> Option<String> {
+    if !(2..=MAX_RANKS).contains(&nranks) {
+        return Some(format!("the LL kernel runs 2 to {MAX_RANKS} ranks, not {nranks}"));
+    }
+    if bytes > LL_MAX_BYTES {
+        return Some(format!("the LL kernel runs at most {LL_MAX_BYTES} bytes, not {bytes}"));
+    }
+    let size = size.max(1) as u64;
+    if src % size != 0 || dst % size != 0 {
+        return Some(format!("buffers {src:#x}, {dst:#x} not aligned to their {size}-byte elements"));
+    }
+    None
+}
+
+fn param<T>(value: &T) -> *mut c_void {
+    (value as *const T).cast_mut().cast()
+}
+
+impl Kernels {
+    /// Checks, without launching, that the LL kernel for `dtype` and `op` exists.
+    pub(crate) fn ll_ready(&self, dtype: DataType, op: RedOp) -> Result<LaunchPlan> {
+        let (_, limit) = self.function(EntryKind::Ll, dtype, Some(op))?;
+        Ok(LaunchPlan::one_block(limit))
+    }
+
+    /// Enqueues rank `args.rank`'s kernel of an LL all-reduce (one block; see
+    /// `gpu_kernels::ll`). Every rank's kernel of the call must be enqueued, with the same
+    /// count, type and operator, or the others wait (until their timeout).
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch_prim`] for `src` and `dst` (`count` elements each); every area
+    /// is `gpu_kernels::ll::LL_AREA_BYTES` of a live allocation accessible from this context,
+    /// used by no one but this communicator's LL kernels, which run on this rank one after the
+    /// other in call order.
+    pub(crate) unsafe fn launch_ll(
+        &self,
+        stream: &CudaStream,
+        dtype: DataType,
+        op: RedOp,
+        args: &LlArgs<'_>,
+    ) -> Result<()> {
+        let n = args.areas.len();
+        let bytes = args.count.saturating_mul(dtype.size());
+        if let Some(why) = ll_refusal(n, bytes, (args.src, args.dst), dtype.size()) {
+            return Err(Error::Internal { reason: why });
+        }
+        if args.rank >= n {
+            return Err(Error::Internal {
+                reason: format!("LL all-reduce: rank {} of {n}", args.rank),
+            });
+        }
+        let plan = self.ll_ready(dtype, op)?;
+        if args.count == 0 {
+            return Ok(());
+        }
+        let (f, _) = self.function(EntryKind::Ll, dtype, Some(op))?;
+        let mut a = [0u64; MAX_RANKS];
+        a[..n].copy_from_slice(args.areas);
+        let (count, nranks, rank) = (args.count as u64, n as u32, args.rank as u32);
+        let mut params = [std::ptr::null_mut(); MAX_RANKS + 8];
+        params[..4].copy_from_slice(&[
+            param(&args.src),
+            param(&args.dst),
+            param(&count),
+            param(&args.postdiv),
+        ]);
+        for (p, v) in params[4..4 + MAX_RANKS].iter_mut().zip(&a) {
+            *p = param(v);
+        }
+        params[MAX_RANKS + 4..].copy_from_slice(&[
+            param(&nranks),
+            param(&rank),
+            param(&args.ctl),
+            param(&args.timeout_ns),
+        ]);
+        // SAFETY: `ringccl_ll_*(u64 src, u64 dst, u64 count, u32 postdiv, u64 × MAX_RANKS,
+        // u32 nranks, u32 rank, u64 ctl, u64 timeout_ns)`; the caller guarantees the memory.
+        unsafe { self.launch(stream, f, plan, &mut params) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals() {
+        let b = (0x1000, 0x2000);
+        assert!(ll_refusal(2, 8, b, 4).is_none());
+        assert!(ll_refusal(8, LL_MAX_BYTES, (0x1000, 0x1000), 8).is_none());
+        assert!(ll_refusal(2, 8, (0x1004, 0x2002), 2).is_none(), "element-aligned is enough");
+        assert!(ll_refusal(1, 8, b, 4).is_some());
+        assert!(ll_refusal(MAX_RANKS + 1, 8, b, 4).is_some());
+        assert!(ll_refusal(2, LL_MAX_BYTES + 1, b, 4).is_some());
+        assert!(ll_refusal(2, 8, (0x1004, 0x2000), 8).is_some());
+        assert!(ll_refusal(2, 8, (0x1000, 0x2002), 4).is_some());
+    }
+}

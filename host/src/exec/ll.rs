@@ -1,0 +1,97 @@
+//! The executor of the LL push all-reduce among processes ([`crate::plan::call::CallPlan::ProcessLl`],
+//! kernel `gpu_kernels::ll`): ONE kernel per rank, which reads the input straight from the
+//! caller's buffer (no staging copy into the scratch), stores it as packets with the flag
+//! inside into every peer's LL area (in the peer's flag area, mapped by this process), and
+//! folds the peers' packets in rank order into the output. One exchange per call; the epoch
+//! lives on the device, so the call can be captured into a CUDA graph.
+//!
+//! Each rank's LL kernels must run in call order (the parity double-buffering relies on it):
+//! the kernel is enqueued after the end of this rank's previous call (the communicator's end
+//! event), as every call among processes is.
+
+use cudarc::driver::CudaStream;
+
+use super::process::ProcessCall;
+use super::{internal, partly_enqueued, record, wait, RankPtrs};
+use crate::driver::ll::{ll_refusal, LlArgs};
+use crate::{DataType, RedOp, Result};
+use gpu_kernels::oneshot::MAX_RANKS;
+
+/// Why this rank cannot run an LL all-reduce of `count` elements of `dtype` on `mine`, or
+/// `None` (the planner chose it for the size and rank count; the buffers must be aligned to
+/// their elements, which every other kernel needs too: a misaligned element access is a GPU
+/// fault, so it is refused here before anything is launched).
+pub(crate) fn refusal(call: &ProcessCall<'_>, dtype: DataType, count: usize, mine: RankPtrs) -> Option<String> {
+    let n = call.state.sent.len();
+    let recv = if mine.recv == 0 { mine.send } else { mine.recv };
+    ll_refusal(n, count.saturating_mul(dtype.size()), (mine.send, recv), dtype.size())
+}
+
+/// Enqueues this rank's LL all-reduce of `count` elements (see the module docs). The caller
+/// has checked [`refusal`].
+pub(crate) fn execute(
+    call: &mut ProcessCall<'_>,
+    dtype: DataType,
+    op: RedOp,
+    mine: RankPtrs,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let st = &call.state;
+    let (r, n) = (st.rank, st.sent.len());
+    if !(2..=MAX_RANKS).contains(&n) || r >= n {
+        return Err(internal(format!("LL all-reduce of {n} ranks")));
+    }
+    if count == 0 {
+        return Ok(());
+    }
+    let mut areas = [0u64; MAX_RANKS];
+    for (q, a) in areas.iter_mut().enumerate().take(n) {
+        *a = st
+            .windows
+            .ll_area(q)
+            .ok_or_else(|| internal(format!("no LL area for rank {q}")))?;
+    }
+    call.health.check()?;
+    call.me.kernels.ll_ready(dtype, op)?;
+    let capturing = call.capturing;
+    // Captured, the previous call's end (an event recorded outside the capture) is not waited
+    // on, as for the one-shot kernel; the epoch lives in the LL area, so a replay meets the
+    // peers' replays whatever ran before.
+    if !capturing {
+        wait(stream, &st.end, r)?;
+    }
+    let dst = if mine.recv == 0 { mine.send } else { mine.recv };
+    // The rank count, as the one-shot kernel has it (only `avg`'s finish uses it).
+    let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
+    let args = LlArgs {
+        src: mine.send,
+        dst,
+        count,
+        postdiv,
+        areas: &areas[..n],
+        rank: r,
+        ctl: call.health.ctl(),
+        timeout_ns: call.health.timeout_ns(),
+    };
+    // SAFETY: `mine.send` and `dst` are this rank's buffers of `count` elements (validated by
+    // the collective); every LL area is a rank's flag area's LL part, mapped for the
+    // communicator's life and used only by its LL kernels, which on this rank run in call
+    // order (the end of the previous call is waited for above, or, captured, the caller orders
+    // the graph's launches); the control block is the communicator's.
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { call.me.kernels.launch_ll(stream, dtype, op, &args) });
+    if let Err(cause) = launched {
+        if capturing {
+            return Err(cause);
+        }
+        // The peers' kernels wait for this one's packets (until their timeout).
+        return Err(partly_enqueued(call.health, vec![r], cause));
+    }
+    if capturing {
+        return Ok(());
+    }
+    record(&call.state.end, stream, r)
+}

@@ -1,0 +1,330 @@
+//! GPU test of the LL push all-reduce among processes (`gpu_kernels::ll`, the plan
+//! `ProcessLl`): every size up to the LL limit, every type the host API has and every
+//! operator, in place and out of place, streams alternating, many calls in a row (the epoch's
+//! parity wraps thousands of times), each result compared bit for bit with the CPU's fold of
+//! the ranks' inputs in rank order (`gpu_kernels::op::RedOp`, the arithmetic the kernels use).
+//!
+//! `ll_all_reduce_across_processes` starts the job (every visible GPU, at most 8, or
+//! `RINGCCL_TEST_PROCESSES` processes under MPS); each rank runs `rank_runs_ll`.
+//!
+//! Run on a GPU machine: `cargo test -p ringccl-tests --test ll -- --include-ignored
+//! --test-threads=1 --nocapture`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaSlice, CudaStream, ValidAsZeroBits};
+use gpu_kernels::element::Element;
+use gpu_kernels::ll::LL_MAX_BYTES;
+use gpu_kernels::op::RedOp as KOp;
+use ringccl::internals::api::collective::Collective;
+use ringccl::internals::plan::call::ll_fits;
+use ringccl::{Communicator, Config, DeviceElement, Io, RedOp, UniqueId};
+
+const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
+const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
+const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+
+/// A host element type with the kernels' element type of the same bits.
+trait Elem: DeviceElement + ValidAsZeroBits + Copy + Default + Unpin + std::fmt::Debug {
+    type K: Element;
+    fn to_k(self) -> Self::K;
+    fn from_k(k: Self::K) -> Self;
+    /// A value from a hash: small magnitudes, so that sums and products stay finite mostly
+    /// (the comparison is bit for bit either way).
+    fn make(h: u64) -> Self;
+}
+
+macro_rules! native {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            type K = $t;
+            fn to_k(self) -> $t { self }
+            fn from_k(k: $t) -> $t { k }
+            fn make(h: u64) -> $t { <$t>::from_raw(h % 7 + 1) }
+        }
+    )*};
+}
+native!(i8, u8, i32, u32, i64, u64);
+
+impl Elem for f32 {
+    type K = f32;
+    fn to_k(self) -> f32 {
+        self
+    }
+    fn from_k(k: f32) -> f32 {
+        k
+    }
+    fn make(h: u64) -> f32 {
+        (h % 1000) as f32 / 37.0 - 13.0
+    }
+}
+
+impl Elem for f64 {
+    type K = f64;
+    fn to_k(self) -> f64 {
+        self
+    }
+    fn from_k(k: f64) -> f64 {
+        k
+    }
+    fn make(h: u64) -> f64 {
+        (h % 1000) as f64 / 37.0 - 13.0
+    }
+}
+
+impl Elem for half::f16 {
+    type K = gpu_kernels::element::F16;
+    fn to_k(self) -> Self::K {
+        gpu_kernels::element::F16(self.to_bits())
+    }
+    fn from_k(k: Self::K) -> Self {
+        half::f16::from_bits(k.0)
+    }
+    fn make(h: u64) -> Self {
+        half::f16::from_f32((h % 100) as f32 / 7.0 - 7.0)
+    }
+}
+
+impl Elem for half::bf16 {
+    type K = gpu_kernels::element::Bf16;
+    fn to_k(self) -> Self::K {
+        gpu_kernels::element::Bf16(self.to_bits())
+    }
+    fn from_k(k: Self::K) -> Self {
+        half::bf16::from_bits(k.0)
+    }
+    fn make(h: u64) -> Self {
+        half::bf16::from_f32((h % 100) as f32 / 7.0 - 7.0)
+    }
+}
+
+fn hash(r: usize, k: usize, i: usize) -> u64 {
+    let mut x = (r as u64) << 48 ^ (k as u64) << 24 ^ i as u64;
+    x = (x ^ (x >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^ (x >> 29)
+}
+
+fn kop(op: RedOp) -> KOp {
+    match op {
+        RedOp::Sum => KOp::Sum,
+        RedOp::Prod => KOp::Prod,
+        RedOp::Min => KOp::Min,
+        RedOp::Max => KOp::Max,
+        RedOp::Avg => KOp::Avg,
+    }
+}
+
+/// Rank `r`'s input of call `k`.
+fn input<T: Elem>(r: usize, k: usize, count: usize) -> Vec<T> {
+    (0..count).map(|i| T::make(hash(r, k, i))).collect()
+}
+
+/// The expected output of call `k`: the ranks' inputs folded in rank order, finished with the
+/// rank count, as the kernels do.
+fn expected<T: Elem>(n: usize, k: usize, count: usize, op: RedOp) -> Vec<T> {
+    let op = kop(op);
+    (0..count)
+        .map(|i| {
+            let mut acc = T::make(hash(0, k, i)).to_k();
+            for q in 1..n {
+                acc = op.combine(acc, T::make(hash(q, k, i)).to_k());
+            }
+            T::from_k(op.finish(acc, n as u32))
+        })
+        .collect()
+}
+
+/// Runs call `k` (`count` elements, `op`, in place or not) on `stream`; returns how many
+/// elements differ from [`expected`].
+#[allow(clippy::too_many_arguments)]
+fn one_call<T: Elem>(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    (r, n): (usize, usize),
+    k: usize,
+    count: usize,
+    op: RedOp,
+    in_place: bool,
+) -> usize {
+    let mine = input::<T>(r, k, count);
+    let send: CudaSlice<T> = stream.clone_htod(&mine).expect("upload");
+    let mut recv: CudaSlice<T> = if in_place {
+        send.clone()
+    } else {
+        stream.alloc_zeros(count).expect("alloc")
+    };
+    {
+        let mut io = [if in_place {
+            Io::in_place(&mut recv)
+        } else {
+            Io::out_of_place(&send, &mut recv)
+        }];
+        comm.all_reduce(&mut io, count, op, &[stream])
+            .unwrap_or_else(|e| panic!("rank {r}: all_reduce of {count} ({op:?}): {e}"));
+    }
+    let got = stream.clone_dtoh(&recv).expect("download");
+    let want = expected::<T>(n, k, count, op);
+    got.iter()
+        .zip(&want)
+        .filter(|(g, w)| !g.to_k().same_result(w.to_k()))
+        .count()
+}
+
+/// Every size class up to the LL limit for `T`, every operator, in and out of place, on
+/// streams taken in turn; returns (calls, wrong elements).
+fn sweep<T: Elem>(
+    comm: &Communicator,
+    streams: &[Arc<CudaStream>],
+    (r, n): (usize, usize),
+    k: &mut usize,
+) -> (usize, usize) {
+    let size = std::mem::size_of::<T>();
+    let max = LL_MAX_BYTES / size;
+    let mut counts: Vec<usize> = (1..=17).collect();
+    counts.extend([
+        31,
+        32,
+        33,
+        255,
+        256,
+        257,
+        1000,
+        1023,
+        1025,
+        max / 2 + 3,
+        max - 1,
+        max,
+    ]);
+    counts.retain(|&c| c <= max);
+    let (mut calls, mut wrong) = (0, 0);
+    for &count in &counts {
+        assert!(
+            ll_fits(
+                Collective::AllReduce { count },
+                count * size,
+                n,
+                &Config::default()
+            ),
+            "{count} elements of {size} bytes run on the LL kernel"
+        );
+        for op in [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg] {
+            for in_place in [false, true] {
+                let stream = &streams[*k % streams.len()];
+                let bad = one_call::<T>(comm, stream, (r, n), *k, count, op, in_place);
+                if bad > 0 {
+                    eprintln!(
+                        "rank {r}: {} × {count} {op:?} in_place={in_place}: {bad} wrong",
+                        std::any::type_name::<T>()
+                    );
+                }
+                wrong += bad;
+                calls += 1;
+                *k += 1;
+            }
+        }
+    }
+    (calls, wrong)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; started by ll_all_reduce_across_processes as each rank"]
+fn rank_runs_ll() {
+    let Ok(id) = std::env::var(ENV_ID) else {
+        println!("rank_runs_ll runs as a rank of ll_all_reduce_across_processes' job");
+        return;
+    };
+    let id: UniqueId = id.parse().expect("a unique id");
+    let r: usize = std::env::var(ENV_RANK)
+        .expect("rank")
+        .parse()
+        .expect("rank");
+    let n: usize = std::env::var(ENV_NRANKS)
+        .expect("nranks")
+        .parse()
+        .expect("nranks");
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    let mut config = Config::from_env().expect("the RINGCCL_ variables");
+    config.timeout = Some(Duration::from_secs(60));
+    let comm =
+        Communicator::init_rank_with_config(n, &id, r, r % gpus.max(1), config).expect("init_rank");
+    let ctx = comm.context(r).clone();
+    let streams: Vec<Arc<CudaStream>> = (0..3)
+        .map(|_| ctx.new_stream().expect("a stream"))
+        .collect();
+    let t0 = Instant::now();
+    let mut k = 0;
+    let (mut calls, mut wrong) = (0, 0);
+    for (c, w) in [
+        sweep::<f32>(&comm, &streams, (r, n), &mut k),
+        sweep::<f64>(&comm, &streams, (r, n), &mut k),
+        sweep::<half::f16>(&comm, &streams, (r, n), &mut k),
+        sweep::<half::bf16>(&comm, &streams, (r, n), &mut k),
+        sweep::<i8>(&comm, &streams, (r, n), &mut k),
+        sweep::<u8>(&comm, &streams, (r, n), &mut k),
+        sweep::<i32>(&comm, &streams, (r, n), &mut k),
+        sweep::<u32>(&comm, &streams, (r, n), &mut k),
+        sweep::<i64>(&comm, &streams, (r, n), &mut k),
+        sweep::<u64>(&comm, &streams, (r, n), &mut k),
+    ] {
+        calls += c;
+        wrong += w;
+    }
+    // Many calls in a row on one stream, then alternating (every third call on another),
+    // each checked: the epoch's parity flips every call.
+    for j in 0..3000 {
+        let stream = if j < 1500 {
+            &streams[0]
+        } else {
+            &streams[(j / 3) % streams.len()]
+        };
+        let count = 1 + j % 97;
+        wrong += one_call::<f32>(&comm, stream, (r, n), k, count, RedOp::Sum, j % 2 == 0);
+        calls += 1;
+        k += 1;
+    }
+    // Without a check between them: 2000 calls queued back to back, then the last checked.
+    let count = 513;
+    let mine = input::<f32>(r, k, count);
+    let send: CudaSlice<f32> = streams[1].clone_htod(&mine).expect("upload");
+    let mut recv: CudaSlice<f32> = streams[1].alloc_zeros(count).expect("alloc");
+    for _ in 0..2000 {
+        let mut io = [Io::out_of_place(&send, &mut recv)];
+        comm.all_reduce(&mut io, count, RedOp::Max, &[&streams[1]])
+            .expect("all_reduce");
+    }
+    let got = streams[1].clone_dtoh(&recv).expect("download");
+    let want = expected::<f32>(n, k, count, RedOp::Max);
+    wrong += got
+        .iter()
+        .zip(&want)
+        .filter(|(g, w)| g.to_bits() != w.to_bits())
+        .count();
+    calls += 2000;
+    println!(
+        "rank {r} of {n}: {calls} LL all-reduces, {wrong} wrong elements, {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(wrong, 0, "rank {r}: wrong elements");
+}
+
+/// The job: every visible GPU (at most 8), or `RINGCCL_TEST_PROCESSES` processes.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs (or RINGCCL_TEST_PROCESSES and MPS)"]
+fn ll_all_reduce_across_processes() {
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver");
+    let n = ringccl_tests::jobs::job_size((gpus as usize).min(8));
+    assert!(
+        n >= 2,
+        "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
+    );
+    let id = UniqueId::new().expect("a unique id").to_string();
+    ringccl_tests::jobs::run_ranks("rank_runs_ll", n, Duration::from_secs(600), |r| {
+        vec![
+            (ENV_ID.to_string(), id.clone()),
+            (ENV_RANK.to_string(), r.to_string()),
+            (ENV_NRANKS.to_string(), n.to_string()),
+        ]
+    });
+    println!("{n} processes: every rank passed");
+}
