@@ -14,12 +14,14 @@
 # Steps (names as in the summary):
 #   correctness: collectives (every one-process collective test, two-shot included), stress
 #     (against NCCL), multi-process (one process per GPU), capture, split, premul, nccl-api,
+#     ll, p2p-kernel, registered,
 #     reliability (scripts/reliability-run.sh, kill steps included), torch-check (the PyTorch
 #     check through NCCL and through ringccl, same script and values)
 #   one process, NCCL in the same process: perf1-f32, perf1-bf16, perf1-graph, perf1-twoshot
 #   two processes, NCCL in the same processes: perf2, perf2-graph
 #   PyTorch: torch-allreduce-{nccl,ringccl}, torch-{ddp,fsdp2}-{nccl,ringccl} (alternated twice)
 #   profile: ncu of the one-shot kernel (range replay)
+# PROCS (default 2): processes of the test suites and the PyTorch checks.
 # ONE_GPU=1 dry-runs the script on one GPU: the processes of a job share GPU 0 under MPS
 # (started here, stopped at the end), NCCL is left out where it would put two ranks on one GPU
 # (it refuses that), and the one-process steps that need two GPUs are skipped.
@@ -92,7 +94,7 @@ if [ "$ONE" != 1 ] && [ "$NGPU" -lt 2 ]; then
   exit 2
 fi
 T=(--include-ignored --test-threads=1 --nocapture)
-P=2
+P=${PROCS:-2}  # processes of the job steps (PROCS=4 on one GPU: four under MPS)
 
 # 1. Correctness.
 if [ "$ONE" = 1 ]; then
@@ -102,12 +104,18 @@ else
   have test-collectives && step collectives 300 "$D/test-collectives" "${T[@]}"
   have test-stress && step stress 300 "$D/test-stress" "${T[@]}"
 fi
-for t in multi_process capture split premul nccl_api; do
-  name=${t//_/-}
-  if have "test-$t"; then
-    step "$name" 240 env RINGCCL_TEST_PROCESSES=$P "$D/test-$t" "${T[@]}"
+# The suites of a job of processes: every test on two GPUs; on one GPU the tests of processes
+# only (the others need two GPUs in one process).
+for t in multi_process:every_collective_across_processes capture:captured_calls_replay_across_processes \
+  split:split_across_processes premul:across_processes nccl_api:nccl_job_of_processes \
+  ll:ll_all_reduce_across_processes p2p_kernel:p2p_groups_across_processes \
+  registered:registered_buffers_across_processes; do
+  bin=${t%%:*} filter=${t#*:} name=${bin//_/-}
+  [ "$ONE" = 1 ] || filter=
+  if have "test-$bin"; then
+    step "$name" 240 env RINGCCL_TEST_PROCESSES=$P "$D/test-$bin" "${T[@]}" $filter
   else
-    skip "$name" "no $D/test-$t"
+    skip "$name" "no $D/test-$bin"
   fi
 done
 if want reliability; then
