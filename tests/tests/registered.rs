@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use cudarc::driver::result;
-use ringccl::internals::driver::zc_counters::{snapshot, Counters, ZERO_COPY_READS};
+use ringccl::internals::driver::zc_counters::{snapshot, Counters};
 use ringccl::{Communicator, DeviceSlice, DeviceSliceMut, Io, RawBuf, RedOp, UniqueId};
 
 const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
@@ -122,10 +122,9 @@ fn round(me: &Rank, reads_registered: bool) -> (usize, Counters) {
     let mut plain = Plain::new(len, me.ordinal);
     let mut out = Plain::new(len, me.ordinal);
     let reg = me.comm.register(&reg_buf).expect("register");
-    assert_eq!(
+    assert!(
         reg.zero_copy(),
-        ZERO_COPY_READS,
-        "rank {}: a cuMemAlloc buffer is mapped by every peer (read in place where enabled)",
+        "rank {}: a cuMemAlloc buffer is mapped by every peer",
         me.rank
     );
     let before = snapshot();
@@ -169,7 +168,7 @@ fn captured_round(me: &Rank) -> usize {
     let spent = snapshot().since(&before);
     assert_eq!(
         (spent.zero_copy_inputs, spent.staged_inputs),
-        if ZERO_COPY_READS { (1, 0) } else { (0, 1) },
+        (1, 0),
         "rank {r}: {spent:?}"
     );
     reg.deregister().expect("deregister");
@@ -228,24 +227,16 @@ fn rank_with_registered_buffers() {
     bad += b;
     assert_eq!(
         (spent.staged_inputs, spent.zero_copy_inputs),
-        if ZERO_COPY_READS {
-            (0, calls)
-        } else {
-            (calls, 0)
-        },
+        (0, calls),
         "rank {rank}: {spent:?}"
     );
     assert_eq!(spent.ipc_opens, 0, "no mapping per call");
-    let queries = if ZERO_COPY_READS { calls } else { 0 };
-    assert_eq!(
-        spent.pointer_queries, queries,
-        "one buffer-id check per call where enabled"
-    );
+    assert_eq!(spent.pointer_queries, calls, "one buffer-id check per call");
 
     // Only the even ranks read registered inputs: a mix across ranks.
     let (b, spent) = round(&me, rank.is_multiple_of(2));
     bad += b;
-    let want = if rank.is_multiple_of(2) && ZERO_COPY_READS {
+    let want = if rank.is_multiple_of(2) {
         (0, calls)
     } else {
         (calls, 0)
