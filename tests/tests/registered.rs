@@ -38,6 +38,9 @@ impl Plain {
         assert_eq!(v.len(), self.len);
         // SAFETY: `len` elements of live device memory; synchronous.
         unsafe { result::memcpy_htod_sync(self.ptr, v) }.expect("upload");
+        // From pageable memory the copy may return before its DMA has landed, and the
+        // communicator's streams do not wait for the legacy stream: wait for the device.
+        result::ctx::synchronize().expect("synchronize after the upload");
     }
     fn download(&self) -> Vec<i32> {
         let mut v = vec![0i32; self.len];
