@@ -13,6 +13,20 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// Whether a one-shot all-reduce among processes lets the peers read a registered input in
+/// place (zero-copy). Off: registrations still map the allocation into every peer and are
+/// tracked, but every call stages its input through the scratch as an unregistered one does.
+/// On one H200 with 2 and 4 processes under MPS, 3 of 9 runs of the registered-buffer test
+/// (`tests/tests/registered.rs`) returned wrong results for every element of a 4097-element
+/// call read in place, and the race behind it is not found yet; until it is, a registered
+/// buffer must never give a different result, so the reads stay staged.
+///
+/// ```
+/// use ringccl::internals::driver::zc_counters::ZERO_COPY_READS;
+/// assert!(!ZERO_COPY_READS);
+/// ```
+pub const ZERO_COPY_READS: bool = false;
+
 static STAGED_INPUTS: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_INPUTS: AtomicU64 = AtomicU64::new(0);
 static POINTER_QUERIES: AtomicU64 = AtomicU64::new(0);

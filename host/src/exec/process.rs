@@ -339,7 +339,8 @@ pub(crate) fn execute_oneshot(
     // lookup asks nothing of the driver unless the input hits a registered range.
     let input = match (shot, count.checked_mul(dtype.size())) {
         (Shot::One, Some(bytes))
-            if mine.send != 0
+            if crate::driver::zc_counters::ZERO_COPY_READS
+                && mine.send != 0
                 && gpu_kernels::oneshot::reads_published(dtype, op)
                 && !call.state.windows.registry().is_empty() =>
         {
