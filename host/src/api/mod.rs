@@ -28,6 +28,7 @@ pub mod check;
 pub mod collective;
 pub mod p2p;
 pub mod premul;
+mod register;
 pub mod send_recv;
 #[cfg(test)]
 mod test_util;

@@ -3,7 +3,6 @@
 //! check).
 
 use super::Communicator;
-use crate::api::DeviceSlice;
 use crate::driver::ipc::{IpcHandle, Mapped};
 use crate::driver::registered::{allocation_of, ipc_handle_of};
 use crate::driver::zc_counters;
@@ -22,6 +21,13 @@ pub struct Registered<'c> {
     comm: &'c Communicator,
     /// The registration's id among processes; `None` in a communicator of one process.
     id: Option<u64>,
+}
+
+impl<'c> Registered<'c> {
+    /// The guard of registration `id` of `comm` (made by `Communicator::register`).
+    pub(crate) fn new(comm: &'c Communicator, id: Option<u64>) -> Self {
+        Registered { comm, id }
+    }
 }
 
 impl Registered<'_> {
@@ -92,47 +98,10 @@ impl Communicator {
         self.deregister_id(id.0)
     }
 
-    /// Registers `buf` so that the peers of this rank read it in place (collective, like
-    /// NCCL's `ncclCommWindowRegister`: every rank registers one buffer at the same point, in
-    /// the same order, and drops or deregisters its registrations in the same order).
-    ///
-    /// The buffer's whole allocation is mapped into every peer process once (CUDA IPC), so a
-    /// later call whose input lies anywhere inside it is zero-copy. What gives zero-copy today:
-    /// the input of a one-shot all-reduce among processes, fp8 averages excepted (other
-    /// collectives, and outputs, are staged through the scratch as before). The ranks need not agree on which inputs are
-    /// registered. Memory CUDA IPC cannot export (stream-ordered pools, VMM allocations) stays
-    /// unregistered, with a logged reason: the calls work, staged ([`Registered::zero_copy`]).
-    /// A freed and re-allocated range is noticed (the allocation's buffer id) and staged. In a
-    /// communicator of one process this does nothing: its kernels read the buffers directly.
-    ///
-    /// Under CUDA-graph capture: a buffer registered before the capture is used zero-copy by
-    /// the captured call; once a call was captured, deregistering keeps the peers' mappings
-    /// until the communicator's resources are released (after its last graph); the buffer
-    /// itself must outlive the graphs, as with any captured buffer. Buffers are not registered
-    /// automatically at capture.
-    ///
-    /// ```no_run
-    /// # fn main() -> ringccl::Result<()> {
-    /// use ringccl::{Communicator, Io, RedOp};
-    /// # let (comm, stream): (Communicator, std::sync::Arc<cudarc::driver::CudaStream>) = todo!();
-    /// let mut buf = stream.alloc_zeros::<f32>(1 << 16).unwrap();
-    /// let reg = comm.register(&buf)?; // every rank, same order
-    /// comm.all_reduce(&mut [Io::in_place(&mut buf)], 1 << 16, RedOp::Sum, &[&stream])?;
-    /// reg.deregister()?; // every rank, same order
-    /// # Ok(()) }
-    /// ```
-    pub fn register<T, B: DeviceSlice<T> + ?Sized>(&self, buf: &B) -> Result<Registered<'_>> {
-        let raw = buf.raw();
-        let bytes = raw.len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-            Error::invalid(None, Arg::Send, format!("{} elements overflow", raw.len))
-        })?;
-        let id = self.register_bytes(raw.ptr, bytes)?;
-        Ok(Registered { comm: self, id })
-    }
 
     /// Registers `bytes` at device address `ptr` (see [`Communicator::register`]): the id
     /// among processes, `None` in a communicator of one process.
-    fn register_bytes(&self, ptr: u64, bytes: usize) -> Result<Option<u64>> {
+    pub(crate) fn register_bytes(&self, ptr: u64, bytes: usize) -> Result<Option<u64>> {
         if ptr == 0 || bytes == 0 {
             return Err(Error::invalid(
                 None,

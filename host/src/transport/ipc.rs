@@ -36,7 +36,7 @@ use cudarc::driver::CudaContext;
 use crate::config::DebugLevel;
 use crate::driver::ipc::{DeviceAlloc, IpcHandle, Mapped};
 use crate::driver::{can_access_peer, enable_peer_access};
-use crate::plan::tuning::{twoshot_grid_cap, GpuRoom};
+use crate::transport::room::{twoshot_grid_cap, GpuRoom};
 use crate::{Error, Result};
 
 /// Bytes of a rank's flag area: one 8-byte signal word per possible peer, then the one-shot

@@ -24,6 +24,7 @@
 pub mod ipc;
 pub mod net;
 pub mod registry;
+pub mod room;
 
 use std::sync::Arc;
 
