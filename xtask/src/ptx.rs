@@ -829,8 +829,9 @@ mod tests {
         let errors = static_checks("sm_90", PTX);
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors[0].contains("unresolved") && errors[0].contains("memcpy"));
-        // Everything but the two entries in PTX is missing from the real table's point of view.
-        let missing = ENTRY_POINTS.len() + 1 - 2;
+        // Everything but the two entries in PTX is missing from the real table's point of view
+        // (the table's entry points, the wait kernel and the point-to-point kernel).
+        let missing = ENTRY_POINTS.len() + 2 - 2;
         assert!(
             errors[1].contains(&format!("not in the PTX ({missing})")),
             "{}",
