@@ -352,7 +352,7 @@ impl Kernels {
 
     /// Blocks of the two-shot kernels that one SM holds at once: the fewest of any two-shot
     /// entry point at its launch width (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), at
-    /// least 1. Sizes the two-shot grid ([`crate::plan::tuning::twoshot_grid_cap`]).
+    /// least 1. Sizes the two-shot grid ([`crate::transport::room::twoshot_grid_cap`]).
     ///
     /// Errors: [`Error::Cuda`] if `ctx` (the context these kernels were loaded into) cannot be
     /// made current or the driver cannot answer.

@@ -201,11 +201,6 @@ pub fn capture<S: AsRef<CudaStream>>(streams: &[S]) -> Result<Option<Capture>> {
     Ok(captures.first().copied().flatten())
 }
 
-/// Whether the streams are being captured into a CUDA graph (see [`capture`]).
-pub fn capturing<S: AsRef<CudaStream>>(streams: &[S]) -> Result<bool> {
-    Ok(capture(streams)?.is_some())
-}
-
 /// The rule of [`capture`] on the ranks' capture ids (`None`: not captured).
 fn one_capture(ids: &[Option<u64>]) -> Result<()> {
     let Some(first) = ids.iter().flatten().next() else {

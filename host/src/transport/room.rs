@@ -45,7 +45,7 @@ pub struct GpuRoom {
 /// `C` among them.
 ///
 /// ```
-/// use ringccl::internals::plan::tuning::{twoshot_grid_cap, GpuRoom};
+/// use ringccl::internals::transport::room::{twoshot_grid_cap, GpuRoom};
 /// let room = |uuid: u8, comms| GpuRoom { gpu: (7, [uuid; 16]), sms: 132, blocks_per_sm: 4, comms };
 /// // One process per GPU, one communicator: one block per SM.
 /// assert_eq!(twoshot_grid_cap(&[room(0, 1), room(1, 1)]), 132);
@@ -68,4 +68,91 @@ pub fn twoshot_grid_cap(ranks: &[GpuRoom]) -> u32 {
     let lone = u64::from(sms) / share;
     let shared = u64::from(sms) * u64::from(per_sm) / share.saturating_mul(u64::from(comms));
     u32::try_from(lone.min(shared).max(1)).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(gpu: u8, sms: u32, blocks_per_sm: u32, comms: u32) -> GpuRoom {
+        GpuRoom {
+            gpu: (1, [gpu; 16]),
+            sms,
+            blocks_per_sm,
+            comms,
+        }
+    }
+
+    #[test]
+    fn a_lone_communicator_keeps_one_block_per_sm() {
+        // One process per GPU, 2 to 8 ranks, two-shot blocks fitting 2 to 4 per SM.
+        for n in 2..=8u8 {
+            for per_sm in 2..=4 {
+                let ranks: Vec<_> = (0..n).map(|g| room(g, 132, per_sm, 1)).collect();
+                assert_eq!(twoshot_grid_cap(&ranks), 132, "{n} ranks, {per_sm} blocks per SM");
+            }
+        }
+        // The smallest GPU decides.
+        assert_eq!(twoshot_grid_cap(&[room(0, 132, 4, 1), room(1, 108, 4, 1)]), 108);
+    }
+
+    #[test]
+    fn ranks_on_one_gpu_are_found_by_uuid() {
+        // Two ranks on one GPU, two on another: half the SMs each.
+        let two_by_two = [room(0, 132, 4, 1), room(0, 132, 4, 1), room(1, 132, 4, 1), room(1, 132, 4, 1)];
+        assert_eq!(twoshot_grid_cap(&two_by_two), 66);
+        let four_on_one = [room(5, 132, 4, 1); 4];
+        assert_eq!(twoshot_grid_cap(&four_on_one), 33);
+        // Another machine with a GPU of the same UUID bytes is another GPU.
+        let mut other = room(0, 132, 4, 1);
+        other.gpu.0 = 2;
+        assert_eq!(twoshot_grid_cap(&[room(0, 132, 4, 1), other]), 132);
+    }
+
+    #[test]
+    fn fewer_blocks_per_sm_or_more_communicators_shrink_the_grid() {
+        // One two-shot block per SM: room for two communicators means half the SMs.
+        assert_eq!(twoshot_grid_cap(&[room(0, 132, 1, 1), room(1, 132, 1, 1)]), 66);
+        // A process already holding 7 live communicators: an eighth of S × B.
+        assert_eq!(twoshot_grid_cap(&[room(0, 132, 4, 8), room(1, 132, 4, 1)]), 66);
+        // Degenerate records never give 0.
+        assert_eq!(twoshot_grid_cap(&[room(0, 1, 1, 100), room(0, 1, 1, 100)]), 1);
+        assert_eq!(twoshot_grid_cap(&[]), 1);
+        assert_eq!(twoshot_grid_cap(&[room(0, 0, 0, 0)]), 1);
+    }
+
+    #[test]
+    fn the_kernels_of_concurrent_communicators_fit_on_the_gpu_together() {
+        // Every job layout of up to 8 ranks on up to 4 GPUs, with k communicators of the same
+        // ranks in flight at once (k at most their C): the blocks of every rank of every one of
+        // them on the busiest GPU fit within S × B.
+        for sms in [16u32, 108, 132] {
+            for per_sm in 1..=4 {
+                for gpus in 1..=4u8 {
+                    for n in 2..=8u8 {
+                        let ranks_of = |comms| (0..n).map(|r| room(r % gpus, sms, per_sm, comms)).collect::<Vec<_>>();
+                        let busiest = usize::from(n.div_ceil(gpus));
+                        for k in 1..=6u32 {
+                            // The k-th communicator was created while k were live; the earlier
+                            // ones count TWOSHOT_CONCURRENT_COMMS or their own creation order.
+                            let caps: Vec<u32> = (1..=k).map(|i| twoshot_grid_cap(&ranks_of(i))).collect();
+                            let c_min = (1..=k).map(|i| i.max(TWOSHOT_CONCURRENT_COMMS)).min().unwrap();
+                            if k > c_min {
+                                continue;
+                            }
+                            let blocks: u32 = caps.iter().map(|c| c * busiest as u32).sum();
+                            let fits = sms * per_sm;
+                            // A cap of 1 block can exceed the budget only on GPUs too small for it.
+                            if caps.iter().all(|&c| c > 1) {
+                                assert!(
+                                    blocks <= fits,
+                                    "{sms} SMs x {per_sm}, {n} ranks on {gpus} GPUs, {k} communicators: {blocks} > {fits}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
