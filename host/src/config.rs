@@ -6,7 +6,7 @@
 //! | --- | --- | --- | --- |
 //! | `RINGCCL_P2P_DISABLE` | [`p2p_disable`](Config::p2p_disable) | `0` | `1`: no direct peer access; data between GPUs goes through staged copies (`cuMemcpyPeerAsync`); in a job of processes with `RINGCCL_NET=ucx`, no CUDA IPC either: every pair goes through the network transport, even on one machine (for testing it) |
 //! | `RINGCCL_RING` | [`ring`](Config::ring) | chosen from the topology | the ring order, a comma-separated permutation of the ranks (`0,2,1,3`) |
-//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot`, `twoshot` or `ce` (copy engines): force the all-reduce algorithm where it can run; `twoshot` also runs reduce-scatters, all-gathers, all-to-alls, broadcasts and reduces on the two-shot kernel's barriers, any other value keeps them off it |
+//! | `RINGCCL_ALGO` | [`algorithm`](Config::algorithm) | chosen per call | `ring`, `oneshot`, `twoshot` or `ce` (copy engines): force the all-reduce algorithm where it can run (`oneshot` is the one-shot kernel: not the LL push kernel that otherwise takes the small all-reduces among processes); `twoshot` also runs reduce-scatters, all-gathers, all-to-alls, broadcasts and reduces on the two-shot kernel's barriers, any other value keeps them off it |
 //! | `RINGCCL_CE_MIN_BYTES` | [`ce_min_bytes`](Config::ce_min_bytes) | 134217728 | smallest all-reduce (bytes per rank) that runs on the copy engines when nothing is forced (`0`: every size that is not one-shot) |
 //! | `RINGCCL_CHECK_CALLS` | [`check_calls`](Config::check_calls) | `0` | `1`: in a job of processes, every call first checks (over TCP) that every rank makes the same call; a mismatch fails the call on every rank, naming the rank |
 //! | `RINGCCL_CE_COPIES_MIN_BYTES` | [`ce_copies_min_bytes`](Config::ce_copies_min_bytes) | 16777216 | smallest all-gather or all-to-all (the larger buffer, bytes) that runs on the copy engines when nothing is forced |
@@ -15,6 +15,7 @@
 //! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter, all-gather, all-to-all, broadcast or reduce (the larger buffer) that runs on its barriers (`0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce (bytes per rank) that runs on the LL push kernel (one exchange per call) instead of one-shot; at most 32768 (its receive area), `0`: never |
+//! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (not yet the default: see the field) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
@@ -208,6 +209,17 @@ pub struct Config {
     /// many bytes per rank run on the LL push kernel instead (`gpu_kernels::ll`: one exchange
     /// per call, no staging copy); above `gpu_kernels::ll::LL_MAX_BYTES` it is that; 0: never.
     pub ll_max_bytes: usize,
+    /// In a job of processes, whether a one-shot all-reduce whose input lies in a buffer
+    /// registered with the communicator (`Communicator::register`, `ncclCommRegister`) lets
+    /// the peers read it in place (zero-copy) instead of staging it through the scratch.
+    /// Registrations map the allocation into every peer either way. Off by default until the
+    /// registered-buffer test (`tests/tests/registered.rs`) has passed on a GPU with it on:
+    /// its runs on one H200 (2 and 4 processes under MPS) gave wrong results both with the
+    /// reads in place (3 of 9) and without them (5 of 9), which points at the test's pageable
+    /// uploads (since fixed) rather than at the reads, but a registered buffer must never give
+    /// a different result. Every rank may choose differently: each publishes where its own
+    /// input is.
+    pub zero_copy_reads: bool,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between
     /// every pair, or processes of one machine); in a job of processes, so do reduce-scatters,
@@ -298,6 +310,7 @@ impl Default for Config {
             oneshot_max_bytes: DEFAULT_ONESHOT_MAX_BYTES,
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
+            zero_copy_reads: false,
             twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
@@ -317,7 +330,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 21] = [
+pub const ENV_VARS: [&str; 22] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -339,6 +352,7 @@ pub const ENV_VARS: [&str; 21] = [
     "RINGCCL_HOST_ID",
     "RINGCCL_TWOSHOT_MAX_BYTES",
     "RINGCCL_LL_MAX_BYTES",
+    "RINGCCL_ZERO_COPY_READS",
 ];
 
 impl Config {
@@ -398,7 +412,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -419,6 +433,9 @@ impl Config {
         }
         if let Some(v) = parse(ll, get(ll)?, |s| parse_bytes(s, true))? {
             c.ll_max_bytes = v;
+        }
+        if let Some(v) = parse(zero_copy, get(zero_copy)?, parse_bool)? {
+            c.zero_copy_reads = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -645,6 +662,7 @@ mod tests {
             ("RINGCCL_ONESHOT_MAX_BYTES", "64K"),
             ("RINGCCL_ONESHOT_MAX_BYTES_GRAPH", "16K"),
             ("RINGCCL_LL_MAX_BYTES", "4K"),
+            ("RINGCCL_ZERO_COPY_READS", "1"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
@@ -676,6 +694,8 @@ mod tests {
         assert_eq!(c.oneshot_max_bytes, 64 << 10);
         assert_eq!(c.oneshot_max_bytes_graph, 16 << 10);
         assert_eq!(c.ll_max_bytes, 4 << 10);
+        assert!(c.zero_copy_reads);
+        assert!(!Config::default().zero_copy_reads);
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));
         assert_eq!(c.debug, DebugLevel::Trace);

@@ -31,10 +31,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream};
 use half::bf16;
 use ringccl::{Arg, Communicator, Config, DeviceElement, Error, Io, RedOp, UniqueId};
-
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
-const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
 /// The two-shot limit of the test's communicator: above the default, so that an eager
 /// two-shot call can need more than the first scratch (32 MiB).
@@ -264,20 +261,16 @@ const RELAXED: sys::CUstreamCaptureMode = sys::CUstreamCaptureMode::CU_STREAM_CA
 #[test]
 #[ignore = "needs a CUDA GPU; started by captured_calls_replay_across_processes as each rank"]
 fn rank_captures() {
-    let Ok(id) = std::env::var(ENV_ID) else {
+    let Some(JobRank {
+        id,
+        rank: r,
+        nranks: n,
+    }) = this_rank()
+    else {
         // Started alone (the whole binary with --include-ignored): the job's test starts it.
         println!("rank_captures runs as a rank of captured_calls_replay_across_processes' job");
         return;
     };
-    let id: UniqueId = id.parse().expect("a unique id");
-    let r: usize = std::env::var(ENV_RANK)
-        .expect("rank")
-        .parse()
-        .expect("rank");
-    let n: usize = std::env::var(ENV_NRANKS)
-        .expect("nranks")
-        .parse()
-        .expect("nranks");
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
@@ -536,19 +529,6 @@ fn rank_captures() {
     );
 }
 
-/// Runs `test` of this binary as each of the `n` ranks of a new job, and fails unless every
-/// rank passes within `limit` (a rank still running then is killed).
-fn run_ranks(test: &str, n: usize, limit: Duration) {
-    let id = UniqueId::new().expect("a unique id").to_string();
-    ringccl_tests::jobs::run_ranks(test, n, limit, |r| {
-        vec![
-            (ENV_ID.to_string(), id.clone()),
-            (ENV_RANK.to_string(), r.to_string()),
-            (ENV_NRANKS.to_string(), n.to_string()),
-        ]
-    });
-}
-
 /// The job: every visible GPU (at most 8), or `RINGCCL_TEST_PROCESSES` processes.
 #[test]
 #[ignore = "needs 2+ CUDA GPUs (or RINGCCL_TEST_PROCESSES and MPS)"]
@@ -559,7 +539,7 @@ fn captured_calls_replay_across_processes() {
         n >= 2,
         "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
     );
-    run_ranks("rank_captures", n, Duration::from_secs(300));
+    run_job("rank_captures", n, Duration::from_secs(300), |_| vec![]);
     println!("{n} processes: every rank passed");
 }
 

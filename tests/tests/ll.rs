@@ -19,11 +19,8 @@ use gpu_kernels::ll::LL_MAX_BYTES;
 use gpu_kernels::op::RedOp as KOp;
 use ringccl::internals::api::collective::Collective;
 use ringccl::internals::plan::call::ll_fits;
-use ringccl::{Communicator, Config, DeviceElement, Io, RedOp, UniqueId};
-
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
-const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+use ringccl::{Communicator, Config, DeviceElement, Io, RedOp};
+use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
 /// A host element type with the kernels' element type of the same bits.
 trait Elem: DeviceElement + ValidAsZeroBits + Copy + Default + Unpin + std::fmt::Debug {
@@ -230,19 +227,15 @@ fn sweep<T: Elem>(
 #[test]
 #[ignore = "needs a CUDA GPU; started by ll_all_reduce_across_processes as each rank"]
 fn rank_runs_ll() {
-    let Ok(id) = std::env::var(ENV_ID) else {
+    let Some(JobRank {
+        id,
+        rank: r,
+        nranks: n,
+    }) = this_rank()
+    else {
         println!("rank_runs_ll runs as a rank of ll_all_reduce_across_processes' job");
         return;
     };
-    let id: UniqueId = id.parse().expect("a unique id");
-    let r: usize = std::env::var(ENV_RANK)
-        .expect("rank")
-        .parse()
-        .expect("rank");
-    let n: usize = std::env::var(ENV_NRANKS)
-        .expect("nranks")
-        .parse()
-        .expect("nranks");
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
@@ -318,13 +311,6 @@ fn ll_all_reduce_across_processes() {
         n >= 2,
         "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
     );
-    let id = UniqueId::new().expect("a unique id").to_string();
-    ringccl_tests::jobs::run_ranks("rank_runs_ll", n, Duration::from_secs(600), |r| {
-        vec![
-            (ENV_ID.to_string(), id.clone()),
-            (ENV_RANK.to_string(), r.to_string()),
-            (ENV_NRANKS.to_string(), n.to_string()),
-        ]
-    });
+    run_job("rank_runs_ll", n, Duration::from_secs(600), |_| vec![]);
     println!("{n} processes: every rank passed");
 }

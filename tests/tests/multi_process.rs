@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use ringccl::{Communicator, DeviceElement, Io, PeerOp, RedOp, UniqueId};
+use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
-const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
 /// When set to `M`, the ranks count as on `M` machines (rank r on machine `r · M / n`, through
 /// `Config::host_id`), so that one machine runs the job as several.
 const ENV_MACHINES: &str = "RINGCCL_TEST_JOB_MACHINES";
@@ -432,17 +430,12 @@ fn check_peer_ops<T: Elem>(job: &Job) -> (usize, usize) {
 #[test]
 #[ignore = "needs a CUDA GPU; started by every_collective_across_processes as each rank"]
 fn rank_of_a_job() {
-    let (comm, rank, n) = match std::env::var(ENV_ID) {
-        Ok(text) => {
-            let id: UniqueId = text.parse().expect("a unique id in the environment");
-            let rank: usize = std::env::var(ENV_RANK)
-                .expect("rank")
-                .parse()
-                .expect("rank");
-            let n: usize = std::env::var(ENV_NRANKS)
-                .expect("nranks")
-                .parse()
-                .expect("nranks");
+    let (comm, rank, n) = match this_rank() {
+        Some(JobRank {
+            id,
+            rank,
+            nranks: n,
+        }) => {
             let mut config = ringccl::Config::from_env().expect("the RINGCCL_ variables");
             if let Ok(m) = std::env::var(ENV_MACHINES) {
                 let m: usize = m.parse().expect("a machine count");
@@ -458,7 +451,7 @@ fn rank_of_a_job() {
                 n,
             )
         }
-        Err(_) => {
+        None => {
             let id = UniqueId::new().expect("a unique id");
             (
                 Communicator::init_rank(1, &id, 0, 0).expect("init_rank"),
@@ -494,15 +487,10 @@ fn rank_of_a_job() {
 /// id, rank and size in their environment, plus `env`), and fails unless every rank passes
 /// within `limit` (a rank still running then is killed).
 fn run_ranks(test: &str, n: usize, env: &[(&str, &str)], limit: Duration) {
-    let id = UniqueId::new().expect("a unique id").to_string();
-    ringccl_tests::jobs::run_ranks(test, n, limit, |r| {
-        let mut vars = vec![
-            (ENV_ID.to_string(), id.clone()),
-            (ENV_RANK.to_string(), r.to_string()),
-            (ENV_NRANKS.to_string(), n.to_string()),
-        ];
-        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        vars
+    run_job(test, n, limit, |_| {
+        env.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     });
 }
 
@@ -621,7 +609,7 @@ fn peer_ops_in_one_process() {
 #[test]
 #[ignore = "needs a CUDA GPU; started by mismatched_calls_fail_on_every_rank as each rank"]
 fn rank_with_a_mismatched_call() {
-    let (Ok(text), Ok(rank)) = (std::env::var(ENV_ID), std::env::var(ENV_RANK)) else {
+    let Some(JobRank { id, rank, .. }) = this_rank() else {
         // Started alone: a job of one rank with the check on runs its calls.
         let id = UniqueId::new().expect("a unique id");
         let mut config = ringccl::Config::from_env().expect("config");
@@ -648,9 +636,9 @@ fn rank_with_a_mismatched_call() {
         );
         return;
     };
-    let id: UniqueId = text.parse().expect("a unique id in the environment");
-    let rank: usize = rank.parse().expect("rank");
-    let comm = Communicator::init_rank(2, &id, rank, rank).expect("init_rank");
+    // Two processes on one GPU share it (under MPS).
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    let comm = Communicator::init_rank(2, &id, rank, rank % gpus.max(1)).expect("init_rank");
     assert!(comm.config().check_calls, "RINGCCL_CHECK_CALLS=1 expected");
     let job = Job { comm, rank, n: 2 };
     let s = [job.stream()];

@@ -17,11 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream};
-use ringccl::{Communicator, Config, Io, PeerOp, RedOp, UniqueId};
-
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
-const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+use ringccl::{Communicator, Config, Io, PeerOp, RedOp};
+use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
 /// A slot of the kernel's pipeline (`gpu_kernels::p2p::SLOT_BYTES`).
 const SLOT: usize = 32 << 10;
@@ -125,19 +122,15 @@ fn capture(stream: &Arc<CudaStream>, body: impl FnOnce() -> Result<(), String>) 
 #[test]
 #[ignore = "needs a CUDA GPU; started by p2p_groups_across_processes as each rank"]
 fn rank_p2p() {
-    let Ok(id) = std::env::var(ENV_ID) else {
+    let Some(JobRank {
+        id,
+        rank: r,
+        nranks: n,
+    }) = this_rank()
+    else {
         println!("rank_p2p runs as a rank of p2p_groups_across_processes' job");
         return;
     };
-    let id: UniqueId = id.parse().expect("a unique id");
-    let r: usize = std::env::var(ENV_RANK)
-        .expect("rank")
-        .parse()
-        .expect("rank");
-    let n: usize = std::env::var(ENV_NRANKS)
-        .expect("nranks")
-        .parse()
-        .expect("nranks");
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
@@ -313,13 +306,6 @@ fn p2p_groups_across_processes() {
         n >= 2,
         "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
     );
-    let id = UniqueId::new().expect("a unique id").to_string();
-    ringccl_tests::jobs::run_ranks("rank_p2p", n, Duration::from_secs(300), |r| {
-        vec![
-            (ENV_ID.to_string(), id.clone()),
-            (ENV_RANK.to_string(), r.to_string()),
-            (ENV_NRANKS.to_string(), n.to_string()),
-        ]
-    });
+    run_job("rank_p2p", n, Duration::from_secs(300), |_| vec![]);
     println!("{n} processes: every rank passed");
 }

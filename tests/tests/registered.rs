@@ -4,21 +4,19 @@
 //! every result bit-exact against the host's, and the staging copies counted
 //! (`ringccl::internals::driver::zc_counters`).
 //!
-//! `registered_buffers_across_processes` starts `RINGCCL_TEST_PROCESSES` processes (default:
-//! the visible GPUs, at least 2; more processes than GPUs need the MPS daemon), each running
-//! `rank_with_registered_buffers`. Run on a GPU machine:
+//! `registered_buffers_across_processes` starts two jobs of `RINGCCL_TEST_PROCESSES` processes
+//! (default: the visible GPUs, at least 2; more processes than GPUs need the MPS daemon), each
+//! rank running `rank_with_registered_buffers`: one with the peers' reads in place switched
+//! off (`RINGCCL_ZERO_COPY_READS=0`, the default: every call stages) and one with them on. Run on a GPU machine:
 //! `cargo test -p ringccl-tests --test registered -- --include-ignored --test-threads=1
 //! --nocapture`.
 
 use std::time::Duration;
 
 use cudarc::driver::result;
-use ringccl::internals::driver::zc_counters::{snapshot, Counters, ZERO_COPY_READS};
-use ringccl::{Communicator, DeviceSlice, DeviceSliceMut, Io, RawBuf, RedOp, UniqueId};
-
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
-const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+use ringccl::internals::driver::zc_counters::{snapshot, Counters};
+use ringccl::{Communicator, DeviceSlice, DeviceSliceMut, Io, RawBuf, RedOp};
+use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
 /// Plain `cuMemAlloc` memory (what CUDA IPC exports; cudarc's own allocations may come from a
 /// stream-ordered pool, which it does not), freed on drop.
@@ -127,7 +125,7 @@ fn round(me: &Rank, reads_registered: bool) -> (usize, Counters) {
     let reg = me.comm.register(&reg_buf).expect("register");
     assert_eq!(
         reg.zero_copy(),
-        ZERO_COPY_READS,
+        me.comm.config().zero_copy_reads,
         "rank {}: a cuMemAlloc buffer is mapped by every peer (read in place where enabled)",
         me.rank
     );
@@ -172,7 +170,11 @@ fn captured_round(me: &Rank) -> usize {
     let spent = snapshot().since(&before);
     assert_eq!(
         (spent.zero_copy_inputs, spent.staged_inputs),
-        if ZERO_COPY_READS { (1, 0) } else { (0, 1) },
+        if me.comm.config().zero_copy_reads {
+            (1, 0)
+        } else {
+            (0, 1)
+        },
         "rank {r}: {spent:?}"
     );
     reg.deregister().expect("deregister");
@@ -194,18 +196,17 @@ fn captured_round(me: &Rank) -> usize {
 #[test]
 #[ignore = "needs a CUDA GPU; started by registered_buffers_across_processes as each rank"]
 fn rank_with_registered_buffers() {
-    let id: UniqueId = std::env::var(ENV_ID)
-        .expect("started by registered_buffers_across_processes")
-        .parse()
-        .expect("a unique id");
-    let rank: usize = std::env::var(ENV_RANK)
-        .expect("rank")
-        .parse()
-        .expect("rank");
-    let n: usize = std::env::var(ENV_NRANKS)
-        .expect("nranks")
-        .parse()
-        .expect("nranks");
+    let Some(JobRank {
+        id,
+        rank,
+        nranks: n,
+    }) = this_rank()
+    else {
+        println!(
+            "rank_with_registered_buffers runs as a rank of registered_buffers_across_processes' job"
+        );
+        return;
+    };
     let mut config = ringccl::Config::from_env().expect("the RINGCCL_ variables");
     config.algorithm = Some(ringccl::Algorithm::OneShot);
     config.oneshot_max_bytes = config.oneshot_max_bytes.max(1 << 20);
@@ -224,6 +225,11 @@ fn rank_with_registered_buffers() {
         ordinal,
     };
     let calls = 2 * COUNTS.len() as u64;
+    let reads = me.comm.config().zero_copy_reads;
+    println!(
+        "rank {rank} of {n}: reads in place {}",
+        if reads { "on" } else { "off" }
+    );
     let mut bad = 0;
 
     // Every rank reads registered inputs: nothing staged anywhere, one buffer-id check a call.
@@ -231,15 +237,11 @@ fn rank_with_registered_buffers() {
     bad += b;
     assert_eq!(
         (spent.staged_inputs, spent.zero_copy_inputs),
-        if ZERO_COPY_READS {
-            (0, calls)
-        } else {
-            (calls, 0)
-        },
+        if reads { (0, calls) } else { (calls, 0) },
         "rank {rank}: {spent:?}"
     );
     assert_eq!(spent.ipc_opens, 0, "no mapping per call");
-    let queries = if ZERO_COPY_READS { calls } else { 0 };
+    let queries = if reads { calls } else { 0 };
     assert_eq!(
         spent.pointer_queries, queries,
         "one buffer-id check per call where enabled"
@@ -248,7 +250,7 @@ fn rank_with_registered_buffers() {
     // Only the even ranks read registered inputs: a mix across ranks.
     let (b, spent) = round(&me, rank.is_multiple_of(2));
     bad += b;
-    let want = if rank.is_multiple_of(2) && ZERO_COPY_READS {
+    let want = if rank.is_multiple_of(2) && reads {
         (0, calls)
     } else {
         (calls, 0)
@@ -307,18 +309,13 @@ fn registered_buffers_across_processes() {
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let n = ringccl_tests::jobs::job_size(gpus.clamp(2, 8));
     assert!(n >= 2, "this test needs 2+ processes");
-    let id = UniqueId::new().expect("a unique id").to_string();
-    ringccl_tests::jobs::run_ranks(
-        "rank_with_registered_buffers",
-        n,
-        Duration::from_secs(240),
-        |r| {
-            vec![
-                (ENV_ID.to_string(), id.clone()),
-                (ENV_RANK.to_string(), r.to_string()),
-                (ENV_NRANKS.to_string(), n.to_string()),
-            ]
-        },
-    );
-    println!("{n} processes: every rank passed");
+    for reads in ["0", "1"] {
+        run_job(
+            "rank_with_registered_buffers",
+            n,
+            Duration::from_secs(240),
+            |_| vec![("RINGCCL_ZERO_COPY_READS".to_string(), reads.to_string())],
+        );
+        println!("{n} processes, RINGCCL_ZERO_COPY_READS={reads}: every rank passed");
+    }
 }

@@ -194,8 +194,7 @@ fn is_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
+use ringccl_tests::jobs::{ENV_ID, ENV_RANK};
 
 /// Starts test `name` of this binary as rank `rank` of a job of processes joined by `id`
 /// (read back with `ENV_ID`, `ENV_RANK`), with a 5 s timeout and the extra `env`.

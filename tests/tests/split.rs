@@ -17,10 +17,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use ringccl::{Communicator, Io, RedOp, UniqueId};
-
-const ENV_ID: &str = "RINGCCL_TEST_JOB_ID";
-const ENV_RANK: &str = "RINGCCL_TEST_JOB_RANK";
-const ENV_NRANKS: &str = "RINGCCL_TEST_JOB_NRANKS";
+use ringccl_tests::jobs::{run_job, this_rank};
 
 /// Counts that take the small (one-shot) and the large (ring) paths.
 const COUNTS: [usize; 3] = [1, 4099, (1 << 20) + 3];
@@ -101,20 +98,9 @@ fn wrong(p: Pending) -> usize {
 #[ignore = "needs a CUDA GPU; started by split_across_processes as each rank"]
 fn split_rank() {
     // Started alone (no job in the environment): a job of one rank on GPU 0.
-    let (id, rank, n) = match std::env::var(ENV_ID) {
-        Ok(text) => (
-            text.parse::<UniqueId>()
-                .expect("a unique id in the environment"),
-            std::env::var(ENV_RANK)
-                .expect("rank")
-                .parse::<usize>()
-                .expect("rank"),
-            std::env::var(ENV_NRANKS)
-                .expect("nranks")
-                .parse::<usize>()
-                .expect("nranks"),
-        ),
-        Err(_) => (UniqueId::new().expect("a unique id"), 0, 1),
+    let (id, rank, n) = match this_rank() {
+        Some(me) => (me.id, me.rank, me.nranks),
+        None => (UniqueId::new().expect("a unique id"), 0, 1),
     };
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let t0 = Instant::now();
@@ -327,19 +313,6 @@ fn split_rank() {
     assert_eq!(bad, 0, "rank {rank}: wrong elements");
 }
 
-/// Runs `test` of this binary as each of the `n` ranks of a new job (one process each), and
-/// fails unless every rank passes within `limit` (a rank still running then is killed).
-fn run_ranks(test: &str, n: usize, limit: Duration) {
-    let id = UniqueId::new().expect("a unique id").to_string();
-    ringccl_tests::jobs::run_ranks(test, n, limit, |r| {
-        vec![
-            (ENV_ID.to_string(), id.clone()),
-            (ENV_RANK.to_string(), r.to_string()),
-            (ENV_NRANKS.to_string(), n.to_string()),
-        ]
-    });
-}
-
 /// A job of 4 processes (`RINGCCL_TEST_PROCESSES=N` for another N), each `split_rank`.
 #[test]
 #[ignore = "needs CUDA GPUs: 4, or fewer with MPS (RINGCCL_TEST_PROCESSES)"]
@@ -349,7 +322,7 @@ fn split_across_processes() {
         n >= 2 && n.is_multiple_of(2),
         "an even number of processes, 2 or more: {n}"
     );
-    run_ranks("split_rank", n, Duration::from_secs(300));
+    run_job("split_rank", n, Duration::from_secs(300), |_| vec![]);
     println!("{n} processes: every rank passed");
 }
 

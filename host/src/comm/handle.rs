@@ -80,6 +80,7 @@ impl Communicator {
             health: &self.health,
             exchange: &p.boot,
             capturing: false,
+            zero_copy_reads: self.config().zero_copy_reads,
         }
     }
 }

@@ -36,8 +36,9 @@ impl Registered<'_> {
     /// example memory of a stream-ordered pool or a VMM allocation, which CUDA IPC cannot
     /// export) is kept, and its calls are staged.
     pub fn zero_copy(&self) -> bool {
-        if !crate::driver::zc_counters::ZERO_COPY_READS {
-            // The reads in place are switched off (see `ZERO_COPY_READS`): every call stages.
+        if !self.comm.config().zero_copy_reads {
+            // The reads in place are switched off (`Config::zero_copy_reads`): every call
+            // stages.
             return false;
         }
         let (Some(id), Some(p)) = (self.id, self.comm.process()) else {

@@ -13,22 +13,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Whether a one-shot all-reduce among processes lets the peers read a registered input in
-/// place (zero-copy). Off: registrations still map the allocation into every peer and are
-/// tracked, but every call stages its input through the scratch as an unregistered one does.
-/// On one H200 with 2 and 4 processes under MPS, 3 of 9 runs of the registered-buffer test
-/// (`tests/tests/registered.rs`) returned wrong results with the reads in place, and 5 of 9
-/// with them off, which points at the test's own uploads (a pageable `cuMemcpyHtoD` may
-/// return before its DMA lands; the test now waits for the device after each) rather than at
-/// the reads. Until the test passes on a GPU with the reads on, they stay off: a registered
-/// buffer must never give a different result.
-///
-/// ```
-/// use ringccl::internals::driver::zc_counters::ZERO_COPY_READS;
-/// assert!(!ZERO_COPY_READS);
-/// ```
-pub const ZERO_COPY_READS: bool = false;
-
 static STAGED_INPUTS: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_INPUTS: AtomicU64 = AtomicU64::new(0);
 static POINTER_QUERIES: AtomicU64 = AtomicU64::new(0);

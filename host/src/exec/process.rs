@@ -53,6 +53,9 @@ pub struct ProcessCall<'a> {
     /// Whether the stream is being captured into a CUDA graph: the previous call's end is
     /// then neither waited on nor recorded, and the scratch cannot grow.
     pub capturing: bool,
+    /// Whether a one-shot input inside a registered buffer is read in place by the peers
+    /// ([`crate::Config::zero_copy_reads`]).
+    pub zero_copy_reads: bool,
 }
 
 impl ProcessCall<'_> {
@@ -339,7 +342,7 @@ pub(crate) fn execute_oneshot(
     // lookup asks nothing of the driver unless the input hits a registered range.
     let input = match (shot, count.checked_mul(dtype.size())) {
         (Shot::One, Some(bytes))
-            if crate::driver::zc_counters::ZERO_COPY_READS
+            if call.zero_copy_reads
                 && mine.send != 0
                 && gpu_kernels::oneshot::reads_published(dtype, op)
                 && !call.state.windows.registry().is_empty() =>

@@ -555,7 +555,8 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
 
 /// Whether an all-reduce of `bytes` per rank among `nranks` processes, which would run
 /// one-shot, runs on the LL push kernel instead: 2 to `MAX_RANKS` ranks, at most
-/// [`Config::ll_max_bytes`] and the LL area's `gpu_kernels::ll::LL_MAX_BYTES`. The LL kernel
+/// [`Config::ll_max_bytes`] and the LL area's `gpu_kernels::ll::LL_MAX_BYTES`, and one-shot
+/// not forced ([`Config::algorithm`]: `RINGCCL_ALGO=oneshot` means the one-shot kernel). The LL kernel
 /// also needs 8-byte aligned buffers; a call on others runs one-shot (`exec::ll`).
 ///
 /// ```
@@ -568,9 +569,13 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
 /// assert!(!ll_fits(ar, 64 << 10, 2, &c));
 /// assert!(!ll_fits(ar, 4096, 9, &c));
 /// assert!(!ll_fits(Collective::AllGather { sendcount: 1024 }, 4096, 2, &c));
+/// let mut forced = Config::default();
+/// forced.algorithm = Some(ringccl::Algorithm::OneShot);
+/// assert!(!ll_fits(ar, 4096, 2, &forced));
 /// ```
 pub fn ll_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
     matches!(c, Collective::AllReduce { .. })
+        && config.algorithm != Some(Algorithm::OneShot)
         && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
         && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
 }

@@ -202,6 +202,8 @@ fn every_branch_of_the_choice() {
         ("processes, LL off: one-shot", C::AllReduce { count: small }, OUT, Comm::Procs(2), ll_off.clone(), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, LL limit lowered: one-shot above it", C::AllReduce { count: small }, OUT, Comm::Procs(2), ll_1k.clone(), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, LL limit above its area: the area's", C::AllReduce { count: ll_max + 1 }, OUT, Comm::Procs(2), ll_big.clone(), Want::ProcessShot(Shot::One, (ll_max + 1) * 4)),
+        ("processes, forced one-shot: one-shot, not LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::OneShot), Want::ProcessShot(Shot::One, small * 4)),
+        ("captured forced one-shot: one-shot, not LL", C::AllReduce { count: small }, IN, pc2, forced(Algorithm::OneShot), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, forced two-shot: no LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, small, 2), scratch_for(ts(TwoShotOf::AllReduce, small, 2), small * 4, 2).unwrap_or(0))),
         ("processes, small reduce-scatter: no LL", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 2 * small, 2), 2 * small * 4)),
         ("processes, mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
