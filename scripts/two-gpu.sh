@@ -14,7 +14,8 @@
 # Steps (names as in the summary):
 #   correctness: collectives (every one-process collective test, two-shot included), stress
 #     (against NCCL), multi-process (one process per GPU), capture, split, premul, nccl-api,
-#     ll, p2p-kernel, registered,
+#     ll, p2p-kernel, registered, driver-calls (the driver calls per call, counted by CUPTI:
+#     RINGCCL_TEST_CUPTI names libcupti.so where it is not found),
 #     reliability (scripts/reliability-run.sh, kill steps included), torch-check (the PyTorch
 #     check through NCCL and through ringccl, same script and values)
 #   one process, NCCL in the same process: perf1-f32, perf1-bf16, perf1-graph, perf1-twoshot
@@ -111,7 +112,7 @@ fi
 for t in multi_process:every_collective_across_processes capture:captured_calls_replay_across_processes \
   split:split_across_processes premul:across_processes nccl_api:nccl_job_of_processes \
   ll:ll_all_reduce_across_processes p2p_kernel:p2p_groups_across_processes \
-  registered:registered_buffers_across_processes; do
+  registered:registered_buffers_across_processes driver_calls:driver_calls_per_call_across_processes; do
   bin=${t%%:*} filter=${t#*:} name=${bin//_/-}
   [ "$ONE" = 1 ] || filter=
   if have "test-$bin"; then

@@ -15,7 +15,9 @@
 //! # Ok::<(), ringccl_tests::Error>(())
 //! ```
 
+pub mod cupti;
 pub mod jobs;
+pub mod plain;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use gpu_kernels::entry::{EntryKind, EntryPoint, ENTRY_POINTS};

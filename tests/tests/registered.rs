@@ -13,56 +13,11 @@
 
 use std::time::Duration;
 
-use cudarc::driver::result;
 use ringccl::internals::driver::zc_counters::{snapshot, Counters};
-use ringccl::{Communicator, DeviceSlice, DeviceSliceMut, Io, RawBuf, RedOp};
+use ringccl::{Communicator, Io, RedOp};
 use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
-/// Plain `cuMemAlloc` memory (what CUDA IPC exports; cudarc's own allocations may come from a
-/// stream-ordered pool, which it does not), freed on drop.
-struct Plain {
-    ptr: u64,
-    len: usize,
-    ordinal: usize,
-}
-
-impl Plain {
-    fn new(len: usize, ordinal: usize) -> Plain {
-        // SAFETY: the communicator's context is current on this thread (bound by the caller).
-        let ptr = unsafe { result::malloc_sync(len * 4) }.expect("cuMemAlloc");
-        Plain { ptr, len, ordinal }
-    }
-    fn upload(&self, v: &[i32]) {
-        assert_eq!(v.len(), self.len);
-        // SAFETY: `len` elements of live device memory; synchronous.
-        unsafe { result::memcpy_htod_sync(self.ptr, v) }.expect("upload");
-        // From pageable memory the copy may return before its DMA has landed, and the
-        // communicator's streams do not wait for the legacy stream: wait for the device.
-        result::ctx::synchronize().expect("synchronize after the upload");
-    }
-    fn download(&self) -> Vec<i32> {
-        let mut v = vec![0i32; self.len];
-        // SAFETY: as above.
-        unsafe { result::memcpy_dtoh_sync(&mut v, self.ptr) }.expect("download");
-        v
-    }
-}
-
-impl Drop for Plain {
-    fn drop(&mut self) {
-        // SAFETY: from `cuMemAlloc`, freed once, after the stream was synchronised.
-        let _ = unsafe { result::free_sync(self.ptr) };
-    }
-}
-
-// SAFETY: `raw` describes exactly the allocation; ordering is by hand (synchronize).
-unsafe impl DeviceSlice<i32> for Plain {
-    fn raw(&self) -> RawBuf {
-        RawBuf::new(self.ptr, self.len, self.ordinal)
-    }
-}
-// SAFETY: as above.
-unsafe impl DeviceSliceMut<i32> for Plain {}
+type Plain = ringccl_tests::plain::Plain<i32>;
 
 fn input(r: usize, i: usize, salt: usize) -> i32 {
     ((r * 7 + i * 3 + salt * 5) % 13) as i32 - 4
@@ -84,7 +39,11 @@ impl Rank {
     /// checked; returns the wrong elements.
     fn call(&self, send: &mut Plain, recv: Option<&mut Plain>, count: usize, salt: usize) -> usize {
         let (r, n) = (self.rank, self.n);
-        send.upload(&(0..send.len).map(|i| input(r, i, salt)).collect::<Vec<_>>());
+        send.upload(
+            &(0..send.len())
+                .map(|i| input(r, i, salt))
+                .collect::<Vec<_>>(),
+        );
         let s = [self.comm.stream(r)];
         let out = match recv {
             None => {
@@ -276,12 +235,12 @@ fn rank_with_registered_buffers() {
     let reg = me.comm.register(&a).expect("register");
     let mut out = Plain::new(len, me.ordinal);
     bad += me.call(&mut a, Some(&mut out), len, 1);
-    let old = a.ptr;
+    let old = a.ptr();
     drop(a);
     let mut b2 = Plain::new(len, me.ordinal);
     println!(
         "rank {rank}: re-allocated at the freed address: {}",
-        b2.ptr == old
+        b2.ptr() == old
     );
     let before = snapshot();
     bad += me.call(&mut b2, Some(&mut out), len, 2);

@@ -1,0 +1,320 @@
+//! GPU test of the host path of a job of processes: the CUDA driver calls each kind of call
+//! makes, counted by CUPTI (`ringccl_tests::cupti`: every driver call on the calling thread,
+//! cudarc's included) over 16 calls after a warm-up, printed per call, and checked against what
+//! the design promises: nothing allocated, created, opened or waited for on the host per call;
+//! one kernel launch per eager collective or point-to-point group; no copy at all for the LL
+//! all-reduce, for a one-shot all-reduce on a registered buffer (read in place by the peers)
+//! and for a point-to-point group between distinct ranks; a captured call replayed is one
+//! graph launch.
+//!
+//! `driver_calls_per_call_across_processes` starts `RINGCCL_TEST_PROCESSES` processes (default:
+//! the visible GPUs, at least 2; more processes than GPUs need the MPS daemon), each running
+//! `rank_counts_driver_calls`. CUPTI (`libcupti.so`) comes from the loader's path, the CUDA
+//! toolkit's usual places or `RINGCCL_TEST_CUPTI`. Run on a GPU machine:
+//! `RINGCCL_TEST_PROCESSES=2 cargo test -p ringccl-tests --test driver_calls --
+//! --include-ignored --test-threads=1 --nocapture`.
+
+use std::time::Duration;
+
+use cudarc::driver::sys;
+use ringccl::{Communicator, Config, Io, PeerOp, RedOp};
+use ringccl_tests::cupti::{Calls, DriverCalls};
+use ringccl_tests::jobs::{job_size, run_job, this_rank, JobRank};
+use ringccl_tests::plain::Plain;
+
+/// Calls counted per case (after [`WARM`] uncounted ones).
+const CALLS: u64 = 16;
+const WARM: usize = 3;
+
+/// Driver functions no call may reach once warm: allocation, creation, mapping, module
+/// loading and host-side waiting.
+const NEVER: [&str; 16] = [
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemCreate",
+    "cuMemMap",
+    "cuMemHost",
+    "cuMemPool",
+    "cuEventCreate",
+    "cuEventDestroy",
+    "cuEventSynchronize",
+    "cuStreamCreate",
+    "cuStreamDestroy",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuIpc",
+    "cuModule",
+    "cuLibrary",
+];
+
+/// What a case promises about its calls.
+#[derive(Clone, Copy)]
+struct Promise {
+    /// Kernel launches per call (`cuLaunchKernel*`, `cuLaunchCooperativeKernel*`).
+    launches: u64,
+    /// Whether no copy (`cuMemcpy*`) may be made.
+    no_copy: bool,
+    /// Graph launches per call.
+    graphs: u64,
+}
+
+const EAGER: Promise = Promise {
+    launches: 1,
+    no_copy: false,
+    graphs: 0,
+};
+const EAGER_NO_COPY: Promise = Promise {
+    launches: 1,
+    no_copy: true,
+    graphs: 0,
+};
+const REPLAY: Promise = Promise {
+    launches: 0,
+    no_copy: true,
+    graphs: 1,
+};
+
+/// Checks `calls` (made by [`CALLS`] calls of `case`) against `p`; returns the broken promises.
+fn broken(case: &str, calls: &Calls, p: Promise) -> Vec<String> {
+    let mut out = Vec::new();
+    for f in NEVER {
+        if calls.matching(f) > 0 {
+            out.push(format!(
+                "{case}: {f}* x{} in {CALLS} calls",
+                calls.matching(f)
+            ));
+        }
+    }
+    let launches = calls.matching("cuLaunchKernel") + calls.matching("cuLaunchCooperativeKernel");
+    if launches != p.launches * CALLS {
+        out.push(format!(
+            "{case}: {launches} kernel launches in {CALLS} calls, {} promised",
+            p.launches * CALLS
+        ));
+    }
+    if p.no_copy && calls.matching("cuMemcpy") > 0 {
+        out.push(format!(
+            "{case}: {} copies in {CALLS} calls, none promised",
+            calls.matching("cuMemcpy")
+        ));
+    }
+    if calls.matching("cuGraphLaunch") != p.graphs * CALLS {
+        out.push(format!(
+            "{case}: {} graph launches in {CALLS} calls, {} promised",
+            calls.matching("cuGraphLaunch"),
+            p.graphs * CALLS
+        ));
+    }
+    out
+}
+
+/// The counting of one rank: CUPTI and the promises broken so far.
+struct Counter {
+    cupti: DriverCalls,
+    rank: usize,
+    broken: Vec<String>,
+}
+
+impl Counter {
+    /// Runs `call` [`WARM`] times uncounted, then [`CALLS`] times counted, synchronises `comm`,
+    /// prints the calls per call and records the promises broken.
+    fn case(&mut self, comm: &Communicator, name: &str, p: Promise, mut call: impl FnMut()) {
+        for _ in 0..WARM {
+            call();
+        }
+        comm.synchronize().expect("synchronize");
+        let calls = self.cupti.count(|| {
+            for _ in 0..CALLS {
+                call();
+            }
+        });
+        comm.synchronize().expect("synchronize");
+        if self.rank == 0 {
+            println!(
+                "{name}: {:.1} driver calls per call: {}",
+                calls.total() as f64 / CALLS as f64,
+                calls.per(CALLS)
+            );
+        }
+        self.broken.extend(broken(name, &calls, p));
+    }
+}
+
+fn input(r: usize, i: usize) -> f32 {
+    ((r * 7 + i * 3) % 13) as f32 - 4.0
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and CUPTI; started by driver_calls_per_call_across_processes as each rank"]
+fn rank_counts_driver_calls() {
+    let Some(JobRank {
+        id,
+        rank,
+        nranks: n,
+    }) = this_rank()
+    else {
+        println!(
+            "rank_counts_driver_calls runs as a rank of driver_calls_per_call_across_processes' job"
+        );
+        return;
+    };
+    let cupti = DriverCalls::load().expect("CUPTI (set RINGCCL_TEST_CUPTI to libcupti.so)");
+    let mut config = Config::from_env().expect("the RINGCCL_ variables");
+    config.timeout = Some(Duration::from_secs(60));
+    config.zero_copy_reads = true;
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    let ordinal = rank % gpus.max(1);
+    let comm =
+        Communicator::init_rank_with_config(n, &id, rank, ordinal, config).expect("init_rank");
+    comm.context(rank).bind_to_thread().expect("bind");
+    let mut me = Counter {
+        cupti,
+        rank,
+        broken: Vec::new(),
+    };
+    let stream = comm.stream(rank).clone();
+    let s = [&stream];
+    let (small, mid, large) = (1024usize, 16 << 10, 256 << 10);
+    let send = Plain::<f32>::new(large, ordinal);
+    send.upload(&(0..large).map(|i| input(rank, i)).collect::<Vec<_>>());
+    let mut recv = Plain::<f32>::new(large * n, ordinal);
+    let mut inplace = Plain::<f32>::new(large, ordinal);
+
+    // Eager collectives on plain buffers (as the C ABI's callers pass them).
+    me.case(
+        &comm,
+        "all_reduce 4 KiB out of place (LL)",
+        EAGER_NO_COPY,
+        || {
+            comm.all_reduce(
+                &mut [Io::out_of_place(&send, &mut recv)],
+                small,
+                RedOp::Sum,
+                &s,
+            )
+            .expect("all_reduce");
+        },
+    );
+    let got = recv.download();
+    let wrong = (0..small)
+        .filter(|&i| got[i] != (0..n).map(|q| input(q, i)).sum::<f32>())
+        .count();
+    assert_eq!(wrong, 0, "rank {rank}: the LL all-reduce's result");
+    me.case(
+        &comm,
+        "all_reduce 4 KiB in place (LL)",
+        EAGER_NO_COPY,
+        || {
+            comm.all_reduce(&mut [Io::in_place(&mut inplace)], small, RedOp::Sum, &s)
+                .expect("all_reduce");
+        },
+    );
+    me.case(&comm, "all_reduce 64 KiB (one-shot, staged)", EAGER, || {
+        comm.all_reduce(
+            &mut [Io::out_of_place(&send, &mut recv)],
+            mid,
+            RedOp::Sum,
+            &s,
+        )
+        .expect("all_reduce");
+    });
+    let reg = comm.register(&send).expect("register");
+    assert!(
+        reg.zero_copy(),
+        "rank {rank}: a cuMemAlloc buffer, read in place"
+    );
+    me.case(
+        &comm,
+        "all_reduce 64 KiB (one-shot, registered: read in place)",
+        EAGER_NO_COPY,
+        || {
+            comm.all_reduce(
+                &mut [Io::out_of_place(&send, &mut recv)],
+                mid,
+                RedOp::Sum,
+                &s,
+            )
+            .expect("all_reduce");
+        },
+    );
+    drop(reg);
+    me.case(&comm, "all_reduce 1 MiB (two-shot)", EAGER, || {
+        comm.all_reduce(
+            &mut [Io::out_of_place(&send, &mut recv)],
+            large,
+            RedOp::Sum,
+            &s,
+        )
+        .expect("all_reduce");
+    });
+    me.case(&comm, "all_gather 4 KiB per rank", EAGER, || {
+        comm.all_gather(&mut [Io::out_of_place(&send, &mut recv)], small, &s)
+            .expect("all_gather");
+    });
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    me.case(&comm, "send/recv 4 KiB (ring shift)", EAGER_NO_COPY, || {
+        let mut ops = [
+            PeerOp::send(rank, next, &send, small),
+            PeerOp::recv(rank, prev, &mut recv, small),
+        ];
+        comm.peer_ops(&mut ops, &s).expect("peer_ops");
+    });
+
+    // A captured LL all-reduce, replayed.
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .expect("begin capture");
+    let captured = comm.all_reduce(
+        &mut [Io::out_of_place(&send, &mut recv)],
+        small,
+        RedOp::Sum,
+        &s,
+    );
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured.expect("captured all_reduce");
+    let graph = graph.expect("end capture").expect("a graph");
+    me.case(
+        &comm,
+        "all_reduce 4 KiB captured (LL), replayed",
+        REPLAY,
+        || {
+            graph.launch().expect("replay");
+        },
+    );
+    drop(graph);
+
+    // cudarc's slices: its event tracking adds its own calls (shown, not promised away).
+    let a = stream.clone_htod(&vec![1.0f32; small]).expect("upload");
+    let mut b = stream.alloc_zeros::<f32>(small).expect("alloc");
+    me.case(
+        &comm,
+        "all_reduce 4 KiB on cudarc slices (LL)",
+        EAGER_NO_COPY,
+        || {
+            comm.all_reduce(&mut [Io::out_of_place(&a, &mut b)], small, RedOp::Sum, &s)
+                .expect("all_reduce");
+        },
+    );
+
+    comm.synchronize().expect("synchronize");
+    println!("rank {rank} of {n}: {} promises broken", me.broken.len());
+    for b in &me.broken {
+        println!("rank {rank}: {b}");
+    }
+    assert!(me.broken.is_empty(), "rank {rank}: {:?}", me.broken);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and CUPTI (2+ processes; more processes than GPUs under MPS)"]
+fn driver_calls_per_call_across_processes() {
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    let n = job_size(gpus.clamp(2, 8));
+    assert!(n >= 2, "this test needs 2+ processes");
+    run_job(
+        "rank_counts_driver_calls",
+        n,
+        Duration::from_secs(240),
+        |_| vec![],
+    );
+    println!("{n} processes: every rank kept its promises");
+}
