@@ -18,6 +18,7 @@
 //!   small eager call.
 
 mod health;
+pub mod order;
 pub mod rank_threads;
 
 pub(crate) use health::{watch_peers, Probe};
@@ -412,8 +413,8 @@ pub struct ProcessState {
     pub rank: usize,
     /// Every rank's scratch and flag area, as this process reaches them.
     pub windows: Windows,
-    /// The end of this rank's previous call.
-    pub end: CudaEvent,
+    /// The end of this rank's previous call, and the stream it was recorded on.
+    pub order: order::CallOrder,
     /// Signals this rank has sent to each rank, over all earlier calls.
     pub sent: Vec<u64>,
     /// Signals each rank has sent to this rank, over all earlier calls.
@@ -426,7 +427,7 @@ impl ProcessState {
         Ok(ProcessState {
             rank,
             windows,
-            end: new_event(ctx, Some(rank))?,
+            order: order::CallOrder::new(new_event(ctx, Some(rank))?, crate::driver::stream::StreamIds::load()?),
             sent: vec![0; nranks],
             received: vec![0; nranks],
         })

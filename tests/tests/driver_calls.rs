@@ -2,7 +2,8 @@
 //! makes, counted by CUPTI (`ringccl_tests::cupti`: every driver call on the calling thread,
 //! cudarc's included) over 16 calls after a warm-up, printed per call, and checked against what
 //! the design promises: nothing allocated, created, opened or waited for on the host per call;
-//! one kernel launch per eager collective or point-to-point group; no copy at all for the LL
+//! one kernel launch per eager collective or point-to-point group; no stream wait when the
+//! previous call ran on the same stream, one when it did not; no copy at all for the LL
 //! all-reduce, for a one-shot all-reduce on a registered buffer (read in place by the peers)
 //! and for a point-to-point group between distinct ranks; a captured call replayed is one
 //! graph launch.
@@ -56,22 +57,28 @@ struct Promise {
     no_copy: bool,
     /// Graph launches per call.
     graphs: u64,
+    /// Stream waits (`cuStreamWaitEvent`) per call, where promised: none on plain buffers when
+    /// the previous call ran on the same stream (stream order suffices), one when it did not.
+    waits: Option<u64>,
 }
 
 const EAGER: Promise = Promise {
     launches: 1,
     no_copy: false,
     graphs: 0,
+    waits: Some(0),
 };
 const EAGER_NO_COPY: Promise = Promise {
     launches: 1,
     no_copy: true,
     graphs: 0,
+    waits: Some(0),
 };
 const REPLAY: Promise = Promise {
     launches: 0,
     no_copy: true,
     graphs: 1,
+    waits: None,
 };
 
 /// Checks `calls` (made by [`CALLS`] calls of `case`) against `p`; returns the broken promises.
@@ -97,6 +104,15 @@ fn broken(case: &str, calls: &Calls, p: Promise) -> Vec<String> {
             "{case}: {} copies in {CALLS} calls, none promised",
             calls.matching("cuMemcpy")
         ));
+    }
+    if let Some(w) = p.waits {
+        if calls.matching("cuStreamWaitEvent") != w * CALLS {
+            out.push(format!(
+                "{case}: {} stream waits in {CALLS} calls, {} promised",
+                calls.matching("cuStreamWaitEvent"),
+                w * CALLS
+            ));
+        }
     }
     if calls.matching("cuGraphLaunch") != p.graphs * CALLS {
         out.push(format!(
@@ -200,6 +216,37 @@ fn rank_counts_driver_calls() {
         .filter(|&i| got[i] != (0..n).map(|q| input(q, i)).sum::<f32>())
         .count();
     assert_eq!(wrong, 0, "rank {rank}: the LL all-reduce's result");
+    // Alternating between two streams: each call waits for the previous one's end.
+    let other = comm.context(rank).new_stream().expect("a stream");
+    let mut k = 0usize;
+    let alternating = Promise {
+        waits: Some(1),
+        ..EAGER_NO_COPY
+    };
+    me.case(
+        &comm,
+        "all_reduce 4 KiB out of place (LL), alternating two streams",
+        alternating,
+        || {
+            k += 1;
+            let st = if k.is_multiple_of(2) { &stream } else { &other };
+            comm.all_reduce(
+                &mut [Io::out_of_place(&send, &mut recv)],
+                small,
+                RedOp::Sum,
+                &[st],
+            )
+            .expect("all_reduce");
+        },
+    );
+    let got = recv.download();
+    let wrong = (0..small)
+        .filter(|&i| got[i] != (0..n).map(|q| input(q, i)).sum::<f32>())
+        .count();
+    assert_eq!(
+        wrong, 0,
+        "rank {rank}: the alternating LL all-reduces' result"
+    );
     me.case(
         &comm,
         "all_reduce 4 KiB in place (LL)",
@@ -289,7 +336,10 @@ fn rank_counts_driver_calls() {
     me.case(
         &comm,
         "all_reduce 4 KiB on cudarc slices (LL)",
-        EAGER_NO_COPY,
+        Promise {
+            waits: None,
+            ..EAGER_NO_COPY
+        },
         || {
             comm.all_reduce(&mut [Io::out_of_place(&a, &mut b)], small, RedOp::Sum, &s)
                 .expect("all_reduce");

@@ -58,7 +58,10 @@ fn net_rank() {
     };
     let proxy = Proxy::start(r, n, mem, &boot, opts).expect("a proxy");
     let mut net = NetRank::new(r, n, proxy);
-    let end = ctx.new_event(None).expect("an event");
+    let mut order = ringccl::internals::resources::order::CallOrder::new(
+        ctx.new_event(None).expect("an event"),
+        ringccl::internals::driver::stream::StreamIds::load().expect("cuStreamGetId"),
+    );
     let ops = MemOps::load().expect("stream memory operations");
     // The waits for the peer are the bounded wait kernel, with a control block of their own.
     let kernels = Kernels::load(&ctx, Some(r)).expect("ringccl's kernels");
@@ -95,8 +98,8 @@ fn net_rank() {
                 let (s, _g1) = send.device_ptr(&stream);
                 let (d, _g2) = recv.device_ptr(&stream);
                 // SAFETY: `s` and `d` are `bytes`-long buffers of this rank's GPU, alive and held
-                // by their guards until the synchronize below; `end` and `net` are this rank's.
-                unsafe { execute(&mut net, &ops, bound, &group, &[s, d], &stream, &end) }
+                // by their guards until the synchronize below; `order` and `net` are this rank's.
+                unsafe { execute(&mut net, &ops, bound, &group, &[s, d], &stream, &mut order) }
                     .expect("enqueued");
             }
             stream.synchronize().expect("synchronized");

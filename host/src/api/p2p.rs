@@ -512,7 +512,7 @@ impl Communicator {
                 // device, `pops[i].bytes` long, receives overlapping nothing else of the group)
                 // and tracked by cudarc's events until the group's work on `stream` has ended
                 // (`guards`); `end` and `net` are this communicator's.
-                unsafe { exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &call.state.end) }
+                unsafe { exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &mut call.state.order) }
             }
             None => {
                 let scratch = call.state.windows.scratch_bytes();

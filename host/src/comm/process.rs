@@ -198,7 +198,7 @@ impl Communicator {
         let grace = config.timeout.map_or(Duration::from_secs(1), |t| t.min(Duration::from_secs(1)));
         // SAFETY: `state.end` lives in the `ProcessRank` whose drop stops the watcher first.
         let watcher =
-            unsafe { crate::resources::watch_peers(&boot, &health, &res.ctx, state.end.cu_event(), grace)? };
+            unsafe { crate::resources::watch_peers(&boot, &health, &res.ctx, state.order.end().cu_event(), grace)? };
         let comm = Communicator {
             streams: vec![res.stream.clone()],
             local: vec![rank],

@@ -224,7 +224,7 @@ impl Communicator {
         let call = self.process_call(p);
         let (health, mut st) = (call.health, call.state);
         let rank = st.rank;
-        let done = poll_until(health.timeout(), || match st.end.try_is_complete() {
+        let done = poll_until(health.timeout(), || match st.order.end().try_is_complete() {
             Ok(true) => Ok(Some(())),
             Ok(false) => {
                 health.check()?;

@@ -168,7 +168,8 @@ impl Communicator {
         if let Some(p) = self.process() {
             let done = p
                 .lock()
-                .end
+                .order
+                .end()
                 .try_is_complete()
                 .map_err(|e| Error::cuda("cuEventQuery", Some(p.rank), e))?;
             if !done && pending.is_none() {

@@ -137,7 +137,7 @@ pub struct MemOps {
 const PROC_VERSION: i32 = 13000;
 
 /// The driver's entry point `name`, or an error naming it.
-fn proc_address(name: &CStr) -> Result<*mut c_void> {
+pub(crate) fn proc_address(name: &CStr) -> Result<*mut c_void> {
     let mut pfn: *mut c_void = std::ptr::null_mut();
     let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
     // SAFETY: `name` is NUL-terminated; `pfn` and `status` are valid out-pointers.

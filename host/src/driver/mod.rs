@@ -28,6 +28,7 @@ pub(crate) mod ll;
 pub mod module;
 pub mod registered;
 pub mod scale;
+pub mod stream;
 pub mod zc_counters;
 
 pub use module::Kernels;

@@ -14,7 +14,7 @@ use cudarc::driver::CudaStream;
 use super::net::{self as netx, Bound, Combine};
 use super::p2p as ipcx;
 use super::process::ProcessCall;
-use super::{internal, record};
+use super::internal;
 use crate::dtype::DataType;
 use crate::plan::net::{split, NetGroup};
 use crate::plan::p2p::{self, Chunks, P2pOp};
@@ -79,7 +79,7 @@ pub(crate) fn collective(
     stream: &CudaStream,
 ) -> Result<()> {
     call.health.check()?;
-    netx::begin(net, stream, &call.state.end)?;
+    netx::begin(net, stream, &call.state.order)?;
     let slots = slots(call, net, Some(unit_bytes))?;
     for g in groups {
         let combine = g.reduce.then_some(Combine {
@@ -95,7 +95,8 @@ pub(crate) fn collective(
             run_part(net, call, bound, far, (&ops, &bufs), slots, stream, combine)?;
         }
     }
-    record(&call.state.end, stream, call.state.rank)
+    let r = call.state.rank;
+    call.state.order.record(stream, r)
 }
 
 /// A `peer_ops` group whose peers are partly on this machine and partly on others: its
@@ -113,7 +114,7 @@ pub(crate) fn peer_ops(
     if ops.iter().all(|o| o.bytes == 0) {
         return Ok(());
     }
-    netx::begin(net, stream, &call.state.end)?;
+    netx::begin(net, stream, &call.state.order)?;
     let slots = slots(call, net, None)?;
     for far in [false, true] {
         let (part, part_bufs): (Vec<P2pOp>, Vec<u64>) = ops
@@ -124,5 +125,6 @@ pub(crate) fn peer_ops(
             .unzip();
         run_part(net, call, bound, far, (&part, &part_bufs), slots, stream, None)?;
     }
-    record(&call.state.end, stream, call.state.rank)
+    let r = call.state.rank;
+    call.state.order.record(stream, r)
 }

@@ -12,7 +12,7 @@
 use cudarc::driver::CudaStream;
 
 use super::process::ProcessCall;
-use super::{internal, partly_enqueued, record, wait, RankPtrs};
+use super::{internal, partly_enqueued, RankPtrs};
 use crate::driver::ll::{ll_refusal, LlArgs};
 use crate::{DataType, RedOp, Result};
 use gpu_kernels::oneshot::MAX_RANKS;
@@ -59,7 +59,7 @@ pub(crate) fn execute(
     // on, as for the one-shot kernel; the epoch lives in the LL area, so a replay meets the
     // peers' replays whatever ran before.
     if !capturing {
-        wait(stream, &st.end, r)?;
+        st.order.wait(stream, r)?;
     }
     let dst = if mine.recv == 0 { mine.send } else { mine.recv };
     // The rank count, as the one-shot kernel has it (only `avg`'s finish uses it).
@@ -93,5 +93,5 @@ pub(crate) fn execute(
     if capturing {
         return Ok(());
     }
-    record(&call.state.end, stream, r)
+    call.state.order.record(stream, r)
 }

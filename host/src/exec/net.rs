@@ -9,10 +9,11 @@
 //! rank's scratch read the inbox. Before the stream can post anything, the proxy is handed the group's
 //! [`program`]. Every peer but this rank itself is a network peer here.
 
-use cudarc::driver::{sys, CudaEvent, CudaStream};
+use cudarc::driver::{sys, CudaStream};
 use gpu_kernels::op::RedOp;
 
-use super::{internal, record, wait};
+use super::internal;
+use crate::resources::order::CallOrder;
 use crate::driver::ipc::MemOps;
 use crate::driver::launch::{Prim, WaitArgs};
 use crate::driver::Kernels;
@@ -33,8 +34,8 @@ use crate::{Error, Result};
 /// # Safety
 /// Every `bufs[i]` is a device address this rank's GPU may read (a send) or write (a
 /// receive) for `group_ops[i].bytes` bytes, alive until the group's work on `stream` has
-/// ended; no other work touches a receive buffer meanwhile. `end` is this rank's end-of-call
-/// event and `net` its network rank (the same communicator's).
+/// ended; no other work touches a receive buffer meanwhile. `order` is this rank's order of
+/// calls and `net` its network rank (the same communicator's).
 pub unsafe fn execute(
     net: &mut NetRank,
     ops: &MemOps,
@@ -42,11 +43,11 @@ pub unsafe fn execute(
     group_ops: &[P2pOp],
     bufs: &[u64],
     stream: &CudaStream,
-    end: &CudaEvent,
+    order: &mut CallOrder,
 ) -> Result<()> {
-    begin(net, stream, end)?;
+    begin(net, stream, order)?;
     group(net, ops, bound, (group_ops, Chunks::ByPair), bufs, stream, None)?;
-    record(end, stream, net.rank)
+    order.record(stream, net.rank)
 }
 
 /// What makes a wait for a peer's signal bounded: the rank's kernels (the bounded wait kernel,
@@ -120,7 +121,7 @@ pub(crate) fn group_args(g: &NetGroup, send: u64, recv: u64) -> (Vec<P2pOp>, Vec
     (ops, bufs)
 }
 
-pub(crate) fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Result<()> {
+pub(crate) fn begin(net: &NetRank, stream: &CudaStream, order: &CallOrder) -> Result<()> {
     if net.broken {
         return Err(internal(
             "an earlier call failed half-issued; the ranks are out of step: destroy the \
@@ -132,7 +133,7 @@ pub(crate) fn begin(net: &NetRank, stream: &CudaStream, end: &CudaEvent) -> Resu
         .context()
         .bind_to_thread()
         .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(net.rank), e))?;
-    wait(stream, end, net.rank)
+    order.wait(stream, net.rank)
 }
 
 /// One group: plans it with the pairs' carried slots ([`p2p::plan_net`], chunks cut as
@@ -204,10 +205,10 @@ pub(crate) fn collective(
     (send, recv): (u64, u64),
     (groups, unit_bytes): (&[NetGroup], usize),
     stream: &CudaStream,
-    end: &CudaEvent,
+    order: &mut CallOrder,
 ) -> Result<()> {
     let r = net.rank;
-    begin(net, stream, end)?;
+    begin(net, stream, order)?;
     let chunks = chunks_of(net, unit_bytes)?;
     for g in groups {
         let (group_ops, bufs) = group_args(g, send, recv);
@@ -220,7 +221,7 @@ pub(crate) fn collective(
         });
         group(net, ops, bound, (&group_ops, chunks), &bufs, stream, combine)?;
     }
-    record(end, stream, r)
+    order.record(stream, r)
 }
 
 /// The chunks of a collective's groups over the network: [`p2p::net_chunk`] of the slot and

@@ -16,7 +16,7 @@ use cudarc::driver::CudaStream;
 
 use super::net::Combine;
 use super::process::ProcessCall;
-use super::{internal, partly_enqueued, record, wait};
+use super::{internal, partly_enqueued};
 use crate::plan::p2p::{Action, P2pPlan, Place};
 use crate::plan::signals::Signal;
 use crate::{Error, Result};
@@ -36,7 +36,7 @@ pub(crate) fn execute(
     }
     begin(call, stream)?;
     group(call, plan, bufs, stream, None)?;
-    record(&call.state.end, stream, r)
+    call.state.order.record(stream, r)
 }
 
 /// Enqueues this rank's group as ONE point-to-point kernel (`gpu_kernels::p2p`) on `stream`:
@@ -45,8 +45,8 @@ pub(crate) fn execute(
 /// the streams by the caller, as with NCCL). The kernel reads and advances its counters in the
 /// ranks' point-to-point buffers itself; the host's signal counters are not touched.
 ///
-/// Hook: where the previous call ran on the same stream, the event wait and record are
-/// redundant (stream order suffices); they go once calls keep their order per stream.
+/// Where the previous call ran on the same stream, the wait is left out (stream order
+/// suffices: [`crate::resources::order::CallOrder`]).
 ///
 /// The local copies of `plan.copies` (a rank's sends to itself and receives from itself over
 /// several buffers) are enqueued before the kernel (`cuMemcpyDtoDAsync`).
@@ -90,13 +90,13 @@ pub(crate) unsafe fn execute_kernel(
         }
         // The peers' kernels wait for this one's chunks and credits (until their timeout):
         // the job cannot go on.
-        let _ = record(&call.state.end, stream, r);
+        let _ = call.state.order.record(stream, r);
         return Err(partly_enqueued(call.health, vec![r], cause));
     }
     if capturing {
         return Ok(());
     }
-    record(&call.state.end, stream, r)
+    call.state.order.record(stream, r)
 }
 
 /// Orders `stream` after this rank's previous call (its context made current first).
@@ -106,7 +106,7 @@ pub(crate) fn begin(call: &ProcessCall<'_>, stream: &CudaStream) -> Result<()> {
         .context()
         .bind_to_thread()
         .map_err(|e| Error::cuda("cuCtxSetCurrent", Some(r), e))?;
-    wait(stream, &call.state.end, r)
+    call.state.order.wait(stream, r)
 }
 
 /// One group on `stream`, after whatever the caller enqueued there: its copies, signals and
@@ -139,7 +139,7 @@ pub(crate) fn group(
     if let Err(cause) = issue(call, plan, bufs, stream, combine) {
         // The end event covers what was enqueued, so that the communicator's drop waits for it
         // before it unmaps the peers' buffers (best effort: the communicator is failed anyway).
-        let _ = record(&call.state.end, stream, r);
+        let _ = call.state.order.record(stream, r);
         if let Some(first) = call.health.failure() {
             // The rest was not enqueued because the communicator failed meanwhile (the check
             // before each wait): that failure is the group's error.

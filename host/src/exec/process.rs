@@ -25,7 +25,7 @@
 use cudarc::driver::CudaStream;
 
 use super::ring::region_addr;
-use super::{internal, partly_enqueued, prim_for, record, traffic, wait, RankPtrs};
+use super::{internal, partly_enqueued, prim_for, traffic, RankPtrs};
 use crate::driver::ipc::MemOps;
 use crate::driver::launch::WaitArgs;
 use crate::plan::signals::{Signal, SignalPlan};
@@ -91,7 +91,7 @@ impl ProcessCall<'_> {
             return Ok(());
         }
         let (rank, health) = (self.state.rank, self.health);
-        let end = &self.state.end;
+        let end = self.state.order.end();
         let done = poll_until(health.timeout(), || {
             health.check()?;
             if let Some(e) = health.device_status() {
@@ -204,7 +204,7 @@ pub(crate) fn execute(
         }
         // The end event covers what was enqueued, so that the communicator's drop waits for it
         // before it unmaps the peers' buffers (best effort: the communicator is failed anyway).
-        let _ = record(&call.state.end, stream, r);
+        let _ = call.state.order.record(stream, r);
         if let Some(first) = call.health.failure() {
             // The rest of the call was not enqueued because the communicator failed meanwhile
             // (the check between steps): that failure (naming the rank or peer) is the call's
@@ -224,7 +224,7 @@ pub(crate) fn execute(
 
 #[allow(clippy::too_many_arguments)]
 fn issue(
-    call: &ProcessCall<'_>,
+    call: &mut ProcessCall<'_>,
     p: &Prepared,
     sig: &SignalPlan,
     dtype: DataType,
@@ -240,7 +240,7 @@ fn issue(
     // Captured (a job of one rank, whose ring has no signal), the previous call's end is
     // neither waited on nor recorded, as for the one-shot kernels.
     if !call.capturing {
-        wait(stream, &call.state.end, r)?;
+        call.state.order.wait(stream, r)?;
     }
     // Anything after the first signal or wait leaves the ranks' counters out of step on failure.
     *enqueued = true;
@@ -298,7 +298,7 @@ fn issue(
     if call.capturing {
         return Ok(());
     }
-    record(&call.state.end, stream, r)
+    call.state.order.record(stream, r)
 }
 
 /// Enqueues this rank's part of a one-shot or two-shot (`shot`) all-reduce of `count` elements
@@ -436,7 +436,7 @@ pub(crate) fn execute_oneshot(
     // whatever ran before.
     let capturing = call.capturing;
     if !capturing {
-        wait(stream, &st.end, r)?;
+        st.order.wait(stream, r)?;
     }
     // Zero-copy (one-shot): this rank reads its own input in place, and so do the peers, at the
     // addresses the kernel publishes to them; in place, the result goes through this rank's
@@ -522,7 +522,7 @@ pub(crate) fn execute_oneshot(
         // event recorded in a graph.
         return Ok(());
     }
-    record(&call.state.end, stream, r)
+    call.state.order.record(stream, r)
 }
 
 /// Largest one-shot all-reduce among processes whose kernel copies the input into the scratch

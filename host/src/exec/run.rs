@@ -151,7 +151,7 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                                 bufs,
                                 groups,
                                 stream,
-                                &call.state.end,
+                                &mut call.state.order,
                             )
                         } else {
                             hybrid::collective(&mut net, &mut call, bound, cap, (dtype, op), bufs, groups, stream)
