@@ -15,6 +15,7 @@
 //! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter, all-gather, all-to-all, broadcast or reduce (the larger buffer) that runs on its barriers (`0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce (bytes per rank) that runs on the LL push kernel (one exchange per call) instead of one-shot; at most 32768 (its receive area), `0`: never |
+//! | `RINGCCL_P2P_KERNEL_MAX_BYTES` | [`p2p_kernel_max_bytes`](Config::p2p_kernel_max_bytes) | 1048576 | in a job of processes of one machine, largest transfer (the bytes of one peer and direction in a point-to-point group) that runs on the point-to-point kernel; larger ones go through the copy engines and the scratch, except under CUDA-graph capture (the same on every rank) |
 //! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (not yet the default: see the field) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -48,6 +49,11 @@ pub const DEFAULT_ONESHOT_MAX_BYTES_GRAPH: usize = 32 * 1024;
 /// one-shot kernel; where that stops paying for its one exchange fewer is not yet measured
 /// (`docs/PERFORMANCE.md`).
 pub const DEFAULT_LL_MAX_BYTES: usize = gpu_kernels::ll::LL_MAX_BYTES;
+/// Default of [`Config::p2p_kernel_max_bytes`]: on one H200 with two processes under MPS,
+/// `ringccl-perf --procs 2 -t send_recv` took 16.9 µs at 256 KiB on the point-to-point kernel
+/// against 31.3 µs through the copy engines, and 37.1 µs at 2 MiB against 30.4 (16 MiB: 225
+/// against 63.5): the copy engines from above 1 MiB (`docs/PERFORMANCE.md`).
+pub const DEFAULT_P2P_KERNEL_MAX_BYTES: usize = 1 << 20;
 /// Default of [`Config::twoshot_max_bytes`].
 pub const DEFAULT_TWOSHOT_MAX_BYTES: usize = 8 << 20;
 /// Default of [`Config::peer_blocks`]: NVLink peer reads peaked at 64 blocks of 512 threads on
@@ -220,6 +226,13 @@ pub struct Config {
     /// a different result. Every rank may choose differently: each publishes where its own
     /// input is.
     pub zero_copy_reads: bool,
+    /// In a job of processes of one machine (2 to 8 ranks over CUDA IPC), the most bytes one
+    /// peer and direction of a point-to-point group may add up to and still run on the
+    /// point-to-point kernel (`gpu_kernels::p2p`); a larger transfer goes through the copy
+    /// engines and the scratch, as in larger communicators. Under CUDA-graph capture every
+    /// transfer runs on the kernel (the copy-engine path cannot be captured). Must be the
+    /// same on every rank: the two sides of a transfer choose its path alike.
+    pub p2p_kernel_max_bytes: usize,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between
     /// every pair, or processes of one machine); in a job of processes, so do reduce-scatters,
@@ -311,6 +324,7 @@ impl Default for Config {
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
             zero_copy_reads: false,
+            p2p_kernel_max_bytes: DEFAULT_P2P_KERNEL_MAX_BYTES,
             twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
@@ -330,7 +344,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 22] = [
+pub const ENV_VARS: [&str; 23] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -353,6 +367,7 @@ pub const ENV_VARS: [&str; 22] = [
     "RINGCCL_TWOSHOT_MAX_BYTES",
     "RINGCCL_LL_MAX_BYTES",
     "RINGCCL_ZERO_COPY_READS",
+    "RINGCCL_P2P_KERNEL_MAX_BYTES",
 ];
 
 impl Config {
@@ -412,7 +427,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy, p2p_kernel] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -436,6 +451,9 @@ impl Config {
         }
         if let Some(v) = parse(zero_copy, get(zero_copy)?, parse_bool)? {
             c.zero_copy_reads = v;
+        }
+        if let Some(v) = parse(p2p_kernel, get(p2p_kernel)?, |s| parse_bytes(s, true))? {
+            c.p2p_kernel_max_bytes = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -663,6 +681,7 @@ mod tests {
             ("RINGCCL_ONESHOT_MAX_BYTES_GRAPH", "16K"),
             ("RINGCCL_LL_MAX_BYTES", "4K"),
             ("RINGCCL_ZERO_COPY_READS", "1"),
+            ("RINGCCL_P2P_KERNEL_MAX_BYTES", "256K"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
@@ -695,6 +714,7 @@ mod tests {
         assert_eq!(c.oneshot_max_bytes_graph, 16 << 10);
         assert_eq!(c.ll_max_bytes, 4 << 10);
         assert!(c.zero_copy_reads);
+        assert_eq!(c.p2p_kernel_max_bytes, 256 << 10);
         assert!(!Config::default().zero_copy_reads);
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));

@@ -9,6 +9,10 @@
 //! fewer GPUs under MPS, rank r on GPU `r % gpus`) starts one process per rank, each running
 //! `rank_p2p` (this binary again, with the job's id, rank and size in its environment).
 //!
+//! The job runs twice: with the default `RINGCCL_P2P_KERNEL_MAX_BYTES` (eager transfers above
+//! 1 MiB through the copy engines, the others on the kernel, in the same groups) and with
+//! every transfer on the kernel.
+//!
 //! Run on a GPU machine: `RINGCCL_TEST_PROCESSES=2 cargo test -p ringccl-tests --test
 //! p2p_kernel -- --include-ignored --test-threads=1 --nocapture` (also with 4; under MPS when
 //! there are fewer GPUs than processes).
@@ -306,6 +310,12 @@ fn p2p_groups_across_processes() {
         n >= 2,
         "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
     );
-    run_job("rank_p2p", n, Duration::from_secs(300), |_| vec![]);
-    println!("{n} processes: every rank passed");
+    // The default (transfers above 1 MiB through the copy engines when eager, beside the
+    // kernel's), then every transfer on the kernel.
+    for limit in ["1M", "1G"] {
+        run_job("rank_p2p", n, Duration::from_secs(300), |_| {
+            vec![("RINGCCL_P2P_KERNEL_MAX_BYTES".to_string(), limit.to_string())]
+        });
+        println!("{n} processes, RINGCCL_P2P_KERNEL_MAX_BYTES={limit}: every rank passed");
+    }
 }

@@ -438,7 +438,15 @@ impl Communicator {
         let me = self.resources(p.rank);
         // The one-kernel path (device-side counters): at most 8 ranks, every one over CUDA
         // IPC, the kernel loaded (`plan::p2p_kernel`). The choice depends on the communicator
-        // alone, so that every rank makes the same one.
+        // alone, so that every rank makes the same one. On it, transfers above
+        // `Config::p2p_kernel_max_bytes` go through the copy engines instead, eager only (both
+        // sides of a transfer add up the same bytes: `split_large`).
+        let limit = if capture.is_some() {
+            usize::MAX
+        } else {
+            self.config().p2p_kernel_max_bytes
+        };
+        let split = p2p_kernel::split_large(&pops, &bufs, p.rank, limit);
         let kernel = match &p.net {
             None if me.kernels.has_p2p() => {
                 let w = &call.state.windows;
@@ -451,7 +459,7 @@ impl Communicator {
                     slot: 0,
                 };
                 if w.p2p().len() == p.nranks {
-                    p2p_kernel::plan(&pops, &bufs, &env)?
+                    p2p_kernel::plan(&split.kernel, &split.kernel_bufs, &env)?
                 } else {
                     None
                 }
@@ -481,13 +489,21 @@ impl Communicator {
                 .filter(|o| o.count > 0 && capture.is_none())
                 .map(|o| o.track(stream.as_ref()))
                 .collect();
+            // The large transfers first, through the copy engines (none under capture), then
+            // the rest on the kernel, after them on the same stream.
+            let staged_first = if split.copies.is_empty() {
+                Ok(())
+            } else {
+                staged(&mut call, p.nranks, &split.copies, &split.copies_bufs, stream.as_ref())
+            };
             // SAFETY: `kargs` was planned for this rank's windows just above: its user
             // addresses are the operations' buffers, validated above (on this rank's device,
             // `pops[i].bytes` long, receives overlapping nothing else of the group) and tracked
             // until the group's work on `stream` has ended (`guards`, eager) or, captured,
             // the caller's to keep alive as with NCCL; its other addresses are the
             // communicator's point-to-point buffers, mapped for its life (and a graph's).
-            let result = unsafe { exec::p2p::execute_kernel(&mut call, kargs, stream.as_ref()) };
+            let result = staged_first
+                .and_then(|()| unsafe { exec::p2p::execute_kernel(&mut call, kargs, stream.as_ref()) });
             drop(guards);
             return result;
         }
@@ -514,20 +530,29 @@ impl Communicator {
                 // (`guards`); `end` and `net` are this communicator's.
                 unsafe { exec::net::execute(net, &p.memops, bound, &pops, &bufs, stream.as_ref(), &mut call.state.order) }
             }
-            None => {
-                let scratch = call.state.windows.scratch_bytes();
-                let slot = p2p::slot_bytes(scratch, p.nranks, p2p::IPC_SLOTS).ok_or_else(|| {
-                    Error::Internal {
-                        reason: format!("a scratch of {scratch} bytes is too small for {} ranks", p.nranks),
-                    }
-                })?;
-                let plan = p2p::plan(p.rank, p.nranks, &pops, slot, p2p::IPC_SLOTS)?;
-                exec::p2p::execute(&mut call, &plan, &bufs, stream.as_ref())
-            }
+            None => staged(&mut call, p.nranks, &pops, &bufs, stream.as_ref()),
         };
         drop(guards);
         result
     }
+}
+
+/// This rank's part `pops` (buffer `bufs[i]` for `pops[i]`, validated and tracked by the
+/// caller) of a group among `nranks` processes of one machine through the copy engines and the
+/// peers' mapped scratch (`plan::p2p`, `exec::p2p::execute`), eager only.
+fn staged(
+    call: &mut exec::process::ProcessCall<'_>,
+    nranks: usize,
+    pops: &[P2pOp],
+    bufs: &[u64],
+    stream: &CudaStream,
+) -> Result<()> {
+    let scratch = call.state.windows.scratch_bytes();
+    let slot = p2p::slot_bytes(scratch, nranks, p2p::IPC_SLOTS).ok_or_else(|| Error::Internal {
+        reason: format!("a scratch of {scratch} bytes is too small for {nranks} ranks"),
+    })?;
+    let plan = p2p::plan(call.state.rank, nranks, pops, slot, p2p::IPC_SLOTS)?;
+    exec::p2p::execute(call, &plan, bufs, stream)
 }
 
 #[cfg(test)]

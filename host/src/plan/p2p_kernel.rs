@@ -7,7 +7,10 @@
 //! Every group of a communicator of at most [`MAX_RANKS`](gpu_kernels::p2p::MAX_RANKS) ranks,
 //! all reached over CUDA IPC, runs on the kernel (the choice must be the same on every rank,
 //! so it depends on nothing but the communicator); larger communicators keep the scratch path
-//! ([`super::p2p`]), which cannot be captured.
+//! ([`super::p2p`]), which cannot be captured. On the kernel's communicators, an eager
+//! transfer above [`Config::p2p_kernel_max_bytes`](crate::Config::p2p_kernel_max_bytes) (the
+//! bytes of one peer and direction in the group) takes the scratch path too, before the
+//! kernel: [`split_large`].
 
 use gpu_kernels::p2p::{
     channel_offset, channels, kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_PIECES,
@@ -227,6 +230,63 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
     }
     args.nops = as_u32(nops);
     Ok(Some(KernelPlan { args, copies }))
+}
+
+/// A group cut in two by size ([`split_large`]): the operations that run on the kernel and
+/// those that go through the copy engines and the scratch ([`super::p2p`]), each with its
+/// buffers, in the group's order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SizeSplit {
+    /// The operations on the kernel.
+    pub kernel: Vec<P2pOp>,
+    /// Their buffers.
+    pub kernel_bufs: Vec<u64>,
+    /// The operations through the copy engines.
+    pub copies: Vec<P2pOp>,
+    /// Their buffers.
+    pub copies_bufs: Vec<u64>,
+}
+
+/// Cuts this rank's (`me`) group `ops` (buffer `addrs[i]` for `ops[i]`) by size: every
+/// operation of a peer and direction whose bytes in the group add up to more than
+/// `kernel_max` goes through the copy engines, the rest (and every copy to itself) runs on the
+/// kernel. The peer on the other side adds up the same bytes (a group's sends and receives
+/// between two ranks match), so both sides put a transfer on the same path.
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{Dir, P2pOp};
+/// use ringccl::internals::plan::p2p_kernel::split_large;
+/// let op = |dir, peer, bytes| P2pOp { dir, peer, bytes };
+/// // Rank 0: 3 MiB to rank 1 in two buffers, 4 KiB from rank 1, 8 MiB to itself.
+/// let ops = [
+///     op(Dir::Send, 1, 1 << 20),
+///     op(Dir::Recv, 1, 4096),
+///     op(Dir::Send, 1, 2 << 20),
+///     op(Dir::Send, 0, 8 << 20),
+///     op(Dir::Recv, 0, 8 << 20),
+/// ];
+/// let s = split_large(&ops, &[10, 20, 30, 40, 50], 0, 1 << 20);
+/// assert_eq!(s.copies, vec![ops[0], ops[2]]);
+/// assert_eq!(s.copies_bufs, vec![10, 30]);
+/// assert_eq!(s.kernel_bufs, vec![20, 40, 50]);
+/// ```
+pub fn split_large(ops: &[P2pOp], addrs: &[u64], me: usize, kernel_max: usize) -> SizeSplit {
+    let total = |dir: Dir, peer: usize| -> usize {
+        ops.iter()
+            .filter(|o| o.dir == dir && o.peer == peer)
+            .fold(0usize, |t, o| t.saturating_add(o.bytes))
+    };
+    let mut out = SizeSplit::default();
+    for (o, &addr) in ops.iter().zip(addrs) {
+        if o.peer != me && total(o.dir, o.peer) > kernel_max {
+            out.copies.push(*o);
+            out.copies_bufs.push(addr);
+        } else {
+            out.kernel.push(*o);
+            out.kernel_bufs.push(addr);
+        }
+    }
+    out
 }
 
 /// The copies (source, destination, bytes) that move the byte stream of buffers `from` into

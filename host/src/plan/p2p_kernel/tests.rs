@@ -378,3 +378,54 @@ fn the_plan_points_at_the_peers_buffers() {
     assert_eq!((s.first_piece, s.npieces, r.first_piece, r.npieces), (0, 1, 1, 1));
     assert_eq!(a.pieces[0], P2pPiece { user: 0x10, bytes: 3 * SLOT_BYTES as u64 });
 }
+
+proptest::proptest! {
+    /// Any group of transfers among `n` ranks, each cut into buffers differently on its two
+    /// sides: sender and receiver put every transfer on the same path, and every operation
+    /// lands on exactly one side of the split.
+    #[test]
+    fn both_sides_of_a_transfer_take_the_same_path(
+        n in 2usize..6,
+        transfers in proptest::collection::vec((0usize..6, 0usize..6, 0usize..(3 << 20), 1usize..4, 1usize..4), 0..12),
+        limit in 0usize..(2 << 20),
+    ) {
+        use super::super::p2p::{Dir, P2pOp};
+        // Rank r's operations (with a tag per transfer as the buffer address), in group order.
+        let mut ops: Vec<Vec<(P2pOp, u64)>> = vec![Vec::new(); n];
+        for (t, &(src, dst, bytes, send_cuts, recv_cuts)) in transfers.iter().enumerate() {
+            let (src, dst) = (src % n, dst % n);
+            for (rank, dir, peer, cuts) in [(src, Dir::Send, dst, send_cuts), (dst, Dir::Recv, src, recv_cuts)] {
+                // `cuts` buffers (the last ones possibly empty), adding up to `bytes`.
+                let piece = bytes.div_ceil(cuts);
+                let mut left = bytes;
+                for _ in 0..cuts {
+                    let b = left.min(piece);
+                    ops[rank].push((P2pOp { dir, peer, bytes: b }, t as u64));
+                    left -= b;
+                }
+            }
+        }
+        let mut path: HashMap<(usize, u64, bool), bool> = HashMap::new();
+        for (r, mine) in ops.iter().enumerate() {
+            let (o, a): (Vec<P2pOp>, Vec<u64>) = mine.iter().copied().unzip();
+            let s = split_large(&o, &a, r, limit);
+            proptest::prop_assert_eq!(s.kernel.len() + s.copies.len(), o.len());
+            proptest::prop_assert!(s.copies.iter().all(|c| c.peer != r));
+            let sides = s.copies.iter().zip(&s.copies_bufs).map(|(o, t)| (o, t, true));
+            for (o, &t, copies) in sides.chain(s.kernel.iter().zip(&s.kernel_bufs).map(|(o, t)| (o, t, false))) {
+                // Every buffer of one transfer on one rank takes one path.
+                let before = path.insert((r, t, o.dir == Dir::Send), copies);
+                proptest::prop_assert!(before.is_none_or(|b| b == copies), "rank {} transfer {}", r, t);
+            }
+        }
+        for (t, &(src, dst, _, _, _)) in transfers.iter().enumerate() {
+            let (src, dst) = (src % n, dst % n);
+            if src == dst {
+                continue;
+            }
+            let send = path.get(&(src, t as u64, true)).copied();
+            let recv = path.get(&(dst, t as u64, false)).copied();
+            proptest::prop_assert_eq!(send, recv, "transfer {} from {} to {}", t, src, dst);
+        }
+    }
+}
