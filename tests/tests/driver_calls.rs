@@ -6,7 +6,7 @@
 //! previous call ran on the same stream, one when it did not; no copy at all for the LL
 //! all-reduce, for a one-shot all-reduce on a registered buffer (read in place by the peers)
 //! and for a point-to-point group between distinct ranks; a captured call replayed is one
-//! graph launch.
+//! graph launch. The heap allocations per call (a counting global allocator) are shown too.
 //!
 //! `driver_calls_per_call_across_processes` starts `RINGCCL_TEST_PROCESSES` processes (default:
 //! the visible GPUs, at least 2; more processes than GPUs need the MPS daemon), each running
@@ -15,6 +15,9 @@
 //! `RINGCCL_TEST_PROCESSES=2 cargo test -p ringccl-tests --test driver_calls --
 //! --include-ignored --test-threads=1 --nocapture`.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use cudarc::driver::sys;
@@ -22,6 +25,49 @@ use ringccl::{Communicator, Config, Io, PeerOp, RedOp};
 use ringccl_tests::cupti::{Calls, DriverCalls};
 use ringccl_tests::jobs::{job_size, run_job, this_rank, JobRank};
 use ringccl_tests::plain::Plain;
+
+/// The system allocator, counting the allocations of a thread that asks it to
+/// ([`COUNTING_ALLOCS`]): the heap allocations per call are shown beside the driver calls (not
+/// yet promised away).
+struct CountingAlloc;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static COUNTING_ALLOCS: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count_alloc() {
+    if COUNTING_ALLOCS.try_with(Cell::get).unwrap_or(false) {
+        ALLOCS.fetch_add(1, Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_alloc();
+        // SAFETY: forwarded.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_alloc();
+        // SAFETY: forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_alloc();
+        // SAFETY: forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Calls counted per case (after [`WARM`] uncounted ones).
 const CALLS: u64 = 16;
@@ -139,17 +185,22 @@ impl Counter {
             call();
         }
         comm.synchronize().expect("synchronize");
+        let allocs_before = ALLOCS.load(Relaxed);
         let calls = self.cupti.count(|| {
+            COUNTING_ALLOCS.with(|c| c.set(true));
             for _ in 0..CALLS {
                 call();
             }
+            COUNTING_ALLOCS.with(|c| c.set(false));
         });
+        let allocs = ALLOCS.load(Relaxed) - allocs_before;
         comm.synchronize().expect("synchronize");
         if self.rank == 0 {
             println!(
-                "{name}: {:.1} driver calls per call: {}",
+                "{name}: {:.1} driver calls per call: {}; {:.1} heap allocations per call",
                 calls.total() as f64 / CALLS as f64,
-                calls.per(CALLS)
+                calls.per(CALLS),
+                allocs as f64 / CALLS as f64
             );
         }
         self.broken.extend(broken(name, &calls, p));

@@ -314,7 +314,10 @@ fn p2p_groups_across_processes() {
     // kernel's), then every transfer on the kernel.
     for limit in ["1M", "1G"] {
         run_job("rank_p2p", n, Duration::from_secs(300), |_| {
-            vec![("RINGCCL_P2P_KERNEL_MAX_BYTES".to_string(), limit.to_string())]
+            vec![(
+                "RINGCCL_P2P_KERNEL_MAX_BYTES".to_string(),
+                limit.to_string(),
+            )]
         });
         println!("{n} processes, RINGCCL_P2P_KERNEL_MAX_BYTES={limit}: every rank passed");
     }
