@@ -385,3 +385,43 @@ pub unsafe extern "ptx-kernel" fn p2p(args: crate::p2p::P2pArgs) {
     // SAFETY: forwarded from the kernel's contract.
     unsafe { crate::p2p::p2p(&args) }
 }
+
+/// `ringccl_ll_gather` ([`crate::ll::LL_GATHER_ENTRY`]): the LL all-gather of one block per
+/// rank (see [`crate::ll`]).
+///
+/// # Safety
+/// See `crate::ll::all_gather`.
+#[export_name = "ringccl_ll_gather"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn ll_gather(
+    src: *const u8,
+    dst: *mut u8,
+    bytes: u64,
+    a0: *mut u8,
+    a1: *mut u8,
+    a2: *mut u8,
+    a3: *mut u8,
+    a4: *mut u8,
+    a5: *mut u8,
+    a6: *mut u8,
+    a7: *mut u8,
+    nranks: u32,
+    rank: u32,
+    ctl: *mut u64,
+    timeout_ns: u64,
+) {
+    let areas: [*mut u8; crate::ctl::MAX_RANKS] = [a0, a1, a2, a3, a4, a5, a6, a7];
+    // SAFETY: forwarded from the kernel's contract.
+    unsafe {
+        crate::ll::all_gather(
+            src,
+            dst,
+            bytes as usize,
+            areas,
+            nranks as usize,
+            rank as usize,
+            ctl,
+            timeout_ns,
+        )
+    }
+}

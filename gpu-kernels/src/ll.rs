@@ -42,6 +42,20 @@
 use crate::element::Element;
 use crate::op::ReduceOp;
 
+/// The LL all-gather's entry point (not in the typed table: a copy has no element type). Its
+/// parameters: `src, dst, bytes: u64, a0..a7 (every rank's LL area, unused = 0), nranks: u32,
+/// rank: u32, ctl, timeout_ns: u64`; launch exactly one block per rank.
+///
+/// ## The LL all-gather
+/// The same area, counter, flags and parities as the all-reduce (the two interleave on one
+/// communicator: each call is one epoch): rank `r` pushes its `bytes` (at most
+/// [`LL_MAX_BYTES`]) as packets into slot `(parity, r)` of every peer, then copies every rank
+/// `q`'s payload (its own from `src`, the others' from its area once they carry the call's
+/// flag) to `dst + q * bytes`. Every rank receives from every peer, so the two-parity argument
+/// of the all-reduce holds. In place (`src == dst + r * bytes`) is safe: the own block is
+/// written with the bytes just read from it, the others do not overlap it.
+pub const LL_GATHER_ENTRY: &str = "ringccl_ll_gather";
+
 /// Most payload bytes per rank of an LL call: a slot holds twice as many (the flags).
 pub const LL_MAX_BYTES: usize = 32 << 10;
 
@@ -364,7 +378,102 @@ mod dev {
             }
         }
     }
+
+    /// The kernel body of `ringccl_ll_gather` (see [`super::LL_GATHER_ENTRY`]).
+    ///
+    /// # Safety
+    /// One block; every rank launched with the same `nranks` and `bytes`; `src` `bytes` long,
+    /// `dst` `nranks * bytes` (`src == dst + rank * bytes` allowed, no other overlap); `bytes
+    /// ≤ LL_MAX_BYTES`; `areas`, `rank`, `nranks`, `ctl` as for [`all_reduce`], whose kernels
+    /// and these run on each rank in call order.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_gather(
+        src: *const u8,
+        dst: *mut u8,
+        bytes: usize,
+        areas: [*mut u8; MAX_RANKS],
+        nranks: usize,
+        rank: usize,
+        ctl: *mut u64,
+        timeout_ns: u64,
+    ) {
+        // SAFETY: reading special registers has no side effects.
+        let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
+        let n = if nranks > MAX_RANKS {
+            MAX_RANKS
+        } else {
+            nranks
+        };
+        let packets = bytes.div_ceil(PACKET_PAYLOAD);
+        // Every block of the output is 8-byte aligned when the buffers and the size are.
+        let aligned = (src as usize | dst as usize | bytes) % PACKET_PAYLOAD == 0;
+        let mine = pick(areas, rank);
+        let header = mine as *mut u64;
+        // SAFETY (whole body): pointers per this function's contract; the counter is written
+        // only by thread 0 after the block's last barrier, when every thread has read it.
+        unsafe {
+            let epoch = core::ptr::read_volatile(header.add(LL_COUNTER)).wrapping_add(1);
+            let flag = ll_flag(epoch);
+            let parity = (epoch & 1) as usize;
+            let out_slot = slot_offset(parity, rank);
+
+            // 1. Push: my payloads into slot (parity, rank) of every peer.
+            let mut i = tid;
+            while i < packets {
+                let v = super::pack(load_payload(src, i, bytes, aligned), flag);
+                let mut q = 0;
+                while q < MAX_RANKS {
+                    if q < n && q != rank {
+                        let area = pick(areas, q);
+                        store_packet(area.add(out_slot + i * PACKET_BYTES), v);
+                    }
+                    q += 1;
+                }
+                i += threads;
+            }
+
+            // 2. Every rank's payloads into its block of the output.
+            let mut i = tid;
+            let mut failed = false;
+            while i < packets && !failed {
+                let mut q = 0;
+                while q < MAX_RANKS && q < n {
+                    let v = if q == rank {
+                        load_payload(src, i, bytes, aligned)
+                    } else {
+                        let p = mine.add(slot_offset(parity, q) + i * PACKET_BYTES);
+                        let mut polls = 0u32;
+                        let mut clock = (0u64, 32u32);
+                        loop {
+                            if let Some(v) = super::unpack(load_packet(p), flag) {
+                                break v;
+                            }
+                            if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, rank, q) {
+                                failed = true;
+                                break 0;
+                            }
+                        }
+                    };
+                    if failed {
+                        break;
+                    }
+                    store_payload(dst.add(q * bytes), i, bytes, v, aligned);
+                    q += 1;
+                }
+                if failed {
+                    core::ptr::write_volatile(header.add(LL_FAILED), epoch);
+                    break;
+                }
+                i += threads;
+            }
+            _syncthreads();
+            if tid == 0 {
+                core::ptr::write_volatile(header.add(LL_COUNTER), epoch);
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::all_reduce;
+pub(crate) use dev::{all_gather, all_reduce};

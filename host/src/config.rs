@@ -16,6 +16,7 @@
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce (bytes per rank) that runs on the LL push kernel (one exchange per call) instead of one-shot; at most 32768 (its receive area), `0`: never |
 //! | `RINGCCL_P2P_KERNEL_MAX_BYTES` | [`p2p_kernel_max_bytes`](Config::p2p_kernel_max_bytes) | 1048576 | in a job of processes of one machine, largest transfer (the bytes of one peer and direction in a point-to-point group) that runs on the point-to-point kernel; larger ones go through the copy engines and the scratch, except under CUDA-graph capture (the same on every rank) |
+//! | `RINGCCL_LL_ALL_GATHER` | [`ll_all_gather`](Config::ll_all_gather) | `0` | `1`: in a job of 2 to 8 processes of one machine, all-gathers of at most `RINGCCL_LL_MAX_BYTES` per rank run on the LL all-gather kernel (one exchange per call; not yet the default: see the field) |
 //! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (not yet the default: see the field) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
@@ -226,6 +227,12 @@ pub struct Config {
     /// a different result. Every rank may choose differently: each publishes where its own
     /// input is.
     pub zero_copy_reads: bool,
+    /// In a job of 2 to 8 processes of one machine, whether all-gathers of at most
+    /// [`Config::ll_max_bytes`] per rank (and the LL area's 32 KiB) run on the LL all-gather
+    /// kernel (`gpu_kernels::ll::LL_GATHER_ENTRY`: one exchange per call, no staging copy)
+    /// instead of the two-shot kernel's barriers. Off by default: not yet run on a GPU. The
+    /// same on every rank.
+    pub ll_all_gather: bool,
     /// In a job of processes of one machine (2 to 8 ranks over CUDA IPC), the most bytes one
     /// peer and direction of a point-to-point group may add up to and still run on the
     /// point-to-point kernel (`gpu_kernels::p2p`); a larger transfer goes through the copy
@@ -324,6 +331,7 @@ impl Default for Config {
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
             zero_copy_reads: false,
+            ll_all_gather: false,
             p2p_kernel_max_bytes: DEFAULT_P2P_KERNEL_MAX_BYTES,
             twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
@@ -344,7 +352,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 23] = [
+pub const ENV_VARS: [&str; 24] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -368,6 +376,7 @@ pub const ENV_VARS: [&str; 23] = [
     "RINGCCL_LL_MAX_BYTES",
     "RINGCCL_ZERO_COPY_READS",
     "RINGCCL_P2P_KERNEL_MAX_BYTES",
+    "RINGCCL_LL_ALL_GATHER",
 ];
 
 impl Config {
@@ -427,7 +436,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy, p2p_kernel] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy, p2p_kernel, ll_gather] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -454,6 +463,9 @@ impl Config {
         }
         if let Some(v) = parse(p2p_kernel, get(p2p_kernel)?, |s| parse_bytes(s, true))? {
             c.p2p_kernel_max_bytes = v;
+        }
+        if let Some(v) = parse(ll_gather, get(ll_gather)?, parse_bool)? {
+            c.ll_all_gather = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -682,6 +694,7 @@ mod tests {
             ("RINGCCL_LL_MAX_BYTES", "4K"),
             ("RINGCCL_ZERO_COPY_READS", "1"),
             ("RINGCCL_P2P_KERNEL_MAX_BYTES", "256K"),
+            ("RINGCCL_LL_ALL_GATHER", "1"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
@@ -715,6 +728,7 @@ mod tests {
         assert_eq!(c.ll_max_bytes, 4 << 10);
         assert!(c.zero_copy_reads);
         assert_eq!(c.p2p_kernel_max_bytes, 256 << 10);
+        assert!(c.ll_all_gather && !Config::default().ll_all_gather);
         assert!(!Config::default().zero_copy_reads);
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));

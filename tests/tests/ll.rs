@@ -1,5 +1,6 @@
 //! GPU test of the LL push all-reduce among processes (`gpu_kernels::ll`, the plan
-//! `ProcessLl`): every size up to the LL limit, every type the host API has and every
+//! `ProcessLl`), and of the LL all-gather (`ProcessLlGather`, switched on for the job with
+//! `RINGCCL_LL_ALL_GATHER=1`, interleaved with all-reduces): every size up to the LL limit, every type the host API has and every
 //! operator, in place and out of place, streams alternating, many calls in a row (the epoch's
 //! parity wraps thousands of times), each result compared bit for bit with the CPU's fold of
 //! the ranks' inputs in rank order (`gpu_kernels::op::RedOp`, the arithmetic the kernels use).
@@ -18,7 +19,7 @@ use gpu_kernels::element::Element;
 use gpu_kernels::ll::LL_MAX_BYTES;
 use gpu_kernels::op::RedOp as KOp;
 use ringccl::internals::api::collective::Collective;
-use ringccl::internals::plan::call::ll_fits;
+use ringccl::internals::plan::call::{ll_fits, ll_gather_fits};
 use ringccl::{Communicator, Config, DeviceElement, Io, RedOp};
 use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
@@ -224,6 +225,70 @@ fn sweep<T: Elem>(
     (calls, wrong)
 }
 
+/// The LL all-gather (`ProcessLlGather`, `RINGCCL_LL_ALL_GATHER=1`): bytes per rank from 1 to
+/// the LL limit (odd sizes take the kernel's byte-by-byte path), in place and out of place,
+/// each followed by a small LL all-reduce on another stream (the two share the epochs);
+/// returns (calls, wrong bytes).
+fn gather_sweep(
+    comm: &Communicator,
+    streams: &[Arc<CudaStream>],
+    (r, n): (usize, usize),
+    k: &mut usize,
+) -> (usize, usize) {
+    let mut sizes: Vec<usize> = (1..=17).collect();
+    sizes.extend([
+        63,
+        64,
+        65,
+        1000,
+        4096,
+        4099,
+        LL_MAX_BYTES - 8,
+        LL_MAX_BYTES - 1,
+        LL_MAX_BYTES,
+    ]);
+    let (mut calls, mut wrong) = (0, 0);
+    for &bytes in &sizes {
+        let c = Collective::AllGather { sendcount: bytes };
+        assert!(
+            ll_gather_fits(c, bytes, n, comm.config()),
+            "{bytes} bytes run on the LL all-gather"
+        );
+        for in_place in [false, true] {
+            let stream = &streams[*k % streams.len()];
+            let block = |q: usize| input::<u8>(q, *k, bytes);
+            let mut out: CudaSlice<u8> = stream.alloc_zeros(n * bytes).expect("alloc");
+            if in_place {
+                let mut full = vec![0u8; n * bytes];
+                full[r * bytes..(r + 1) * bytes].copy_from_slice(&block(r));
+                stream.memcpy_htod(&full, &mut out).expect("upload");
+                comm.all_gather(&mut [Io::in_place(&mut out)], bytes, &[stream])
+                    .unwrap_or_else(|e| panic!("rank {r}: all_gather of {bytes}: {e}"));
+            } else {
+                let send: CudaSlice<u8> = stream.clone_htod(&block(r)).expect("upload");
+                comm.all_gather(&mut [Io::out_of_place(&send, &mut out)], bytes, &[stream])
+                    .unwrap_or_else(|e| panic!("rank {r}: all_gather of {bytes}: {e}"));
+            }
+            let got = stream.clone_dtoh(&out).expect("download");
+            let want: Vec<u8> = (0..n).flat_map(block).collect();
+            let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            if bad > 0 {
+                eprintln!(
+                    "rank {r}: LL all-gather of {bytes} bytes in_place={in_place}: {bad} wrong"
+                );
+            }
+            wrong += bad;
+            calls += 1;
+            *k += 1;
+            let other = &streams[*k % streams.len()];
+            wrong += one_call::<f32>(comm, other, (r, n), *k, 1 + bytes % 500, RedOp::Sum, false);
+            calls += 1;
+            *k += 1;
+        }
+    }
+    (calls, wrong)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; started by ll_all_reduce_across_processes as each rank"]
 fn rank_runs_ll() {
@@ -263,6 +328,10 @@ fn rank_runs_ll() {
         calls += c;
         wrong += w;
     }
+    let (c, w) = gather_sweep(&comm, &streams, (r, n), &mut k);
+    println!("rank {r} of {n}: {c} LL all-gathers and all-reduces interleaved, {w} wrong");
+    calls += c;
+    wrong += w;
     // Many calls in a row on one stream, then alternating (every third call on another),
     // each checked: the epoch's parity flips every call.
     for j in 0..3000 {
@@ -311,6 +380,8 @@ fn ll_all_reduce_across_processes() {
         n >= 2,
         "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
     );
-    run_job("rank_runs_ll", n, Duration::from_secs(600), |_| vec![]);
+    run_job("rank_runs_ll", n, Duration::from_secs(600), |_| {
+        vec![("RINGCCL_LL_ALL_GATHER".to_string(), "1".to_string())]
+    });
     println!("{n} processes: every rank passed");
 }

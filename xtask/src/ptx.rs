@@ -351,6 +351,14 @@ pub fn compare_entries(found: &BTreeSet<String>, expected: &[&str]) -> Result<()
     Err(msg)
 }
 
+/// The entry points outside the typed table: the bounded wait, the point-to-point kernel and
+/// the LL all-gather.
+pub const NAMED_ENTRIES: [&str; 3] = [
+    WAIT_ENTRY,
+    gpu_kernels::p2p::P2P_ENTRY,
+    gpu_kernels::ll::LL_GATHER_ENTRY,
+];
+
 /// The checks that need no tool: no unresolved calls, exactly the expected entry points.
 pub fn static_checks(arch: &str, ptx: &str) -> Vec<String> {
     let mut errors = Vec::new();
@@ -363,8 +371,7 @@ pub fn static_checks(arch: &str, ptx: &str) -> Vec<String> {
         ));
     }
     let mut names: Vec<&str> = ENTRY_POINTS.iter().map(|e| e.name).collect();
-    names.push(WAIT_ENTRY);
-    names.push(gpu_kernels::p2p::P2P_ENTRY);
+    names.extend(NAMED_ENTRIES);
     if let Err(e) = compare_entries(&entry_names(ptx), &names) {
         errors.push(format!("{arch}: {e}"));
     }
@@ -732,12 +739,9 @@ fn run_ptxas(
             Ok((report, cubin)) => {
                 print!("{}", ptxas::register_table(arch.sm, ENTRY_POINTS, &report));
                 errors.extend(ptxas::check(arch.sm, ENTRY_POINTS, &report));
-                errors.extend(ptxas::check_named(arch.sm, WAIT_ENTRY, &report));
-                errors.extend(ptxas::check_named(
-                    arch.sm,
-                    gpu_kernels::p2p::P2P_ENTRY,
-                    &report,
-                ));
+                for name in NAMED_ENTRIES {
+                    errors.extend(ptxas::check_named(arch.sm, name, &report));
+                }
                 println!("{}: {} bytes", arch.cubin, cubin.len());
                 cubins.push(cubin);
             }
@@ -830,8 +834,8 @@ mod tests {
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors[0].contains("unresolved") && errors[0].contains("memcpy"));
         // Everything but the two entries in PTX is missing from the real table's point of view
-        // (the table's entry points, the wait kernel and the point-to-point kernel).
-        let missing = ENTRY_POINTS.len() + 2 - 2;
+        // (the table's entry points and the named ones).
+        let missing = ENTRY_POINTS.len() + NAMED_ENTRIES.len() - 2;
         assert!(
             errors[1].contains(&format!("not in the PTX ({missing})")),
             "{}",

@@ -1,5 +1,5 @@
-//! Launching the LL push all-reduce (`gpu_kernels::ll`): its arguments ([`LlArgs`]) and one
-//! launch of one block.
+//! Launching the LL push kernels (`gpu_kernels::ll`): the all-reduce's arguments ([`LlArgs`])
+//! and the all-gather's ([`LlGatherArgs`]), each one launch of one block.
 
 use std::ffi::c_void;
 
@@ -23,6 +23,25 @@ pub(crate) struct LlArgs<'a> {
     pub count: usize,
     /// The rank count for avg's final division, else 1.
     pub postdiv: u32,
+    /// Every rank's LL area, in rank order (2 to [`MAX_RANKS`]).
+    pub areas: &'a [u64],
+    /// This rank.
+    pub rank: usize,
+    /// The device address of the communicator's control block.
+    pub ctl: u64,
+    /// How long a wait may last, in nanoseconds (0: until aborted).
+    pub timeout_ns: u64,
+}
+
+/// The arguments of one rank's LL all-gather kernel (see `gpu_kernels::ll::LL_GATHER_ENTRY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LlGatherArgs<'a> {
+    /// This rank's input, `bytes` long.
+    pub src: u64,
+    /// The output, `nranks * bytes` long (`src` may be its block `rank`).
+    pub dst: u64,
+    /// Bytes per rank (at most `LL_MAX_BYTES`).
+    pub bytes: usize,
     /// Every rank's LL area, in rank order (2 to [`MAX_RANKS`]).
     pub areas: &'a [u64],
     /// This rank.
@@ -114,6 +133,56 @@ impl Kernels {
         // SAFETY: `ringccl_ll_*(u64 src, u64 dst, u64 count, u32 postdiv, u64 × MAX_RANKS,
         // u32 nranks, u32 rank, u64 ctl, u64 timeout_ns)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
+    }
+
+    /// Whether the LL all-gather kernel is loaded.
+    pub(crate) fn has_ll_gather(&self) -> bool {
+        self.ll_gather.is_some()
+    }
+
+    /// Enqueues rank `args.rank`'s kernel of an LL all-gather (one block; see
+    /// `gpu_kernels::ll::LL_GATHER_ENTRY`). Every rank's kernel of the call must be enqueued,
+    /// with the same byte count, or the others wait (until their timeout).
+    ///
+    /// # Safety
+    /// `src` is `bytes` and `dst` `nranks * bytes` of live device memory of this context
+    /// (`src` may be `dst`'s block `rank`, no other overlap), alive until the kernel has run;
+    /// the areas as for [`Kernels::launch_ll`].
+    pub(crate) unsafe fn launch_ll_gather(&self, stream: &CudaStream, args: &LlGatherArgs<'_>) -> Result<()> {
+        let n = args.areas.len();
+        if let Some(why) = ll_refusal(n, args.bytes, (args.src, args.dst), 1) {
+            return Err(Error::Internal { reason: why });
+        }
+        if args.rank >= n {
+            return Err(Error::Internal {
+                reason: format!("LL all-gather: rank {} of {n}", args.rank),
+            });
+        }
+        let Some((f, limit)) = &self.ll_gather else {
+            return Err(Error::Kernel {
+                reason: format!("entry point {} not found", gpu_kernels::ll::LL_GATHER_ENTRY),
+            });
+        };
+        if args.bytes == 0 {
+            return Ok(());
+        }
+        let mut a = [0u64; MAX_RANKS];
+        a[..n].copy_from_slice(args.areas);
+        let (bytes, nranks, rank) = (args.bytes as u64, n as u32, args.rank as u32);
+        let mut params = [std::ptr::null_mut(); MAX_RANKS + 7];
+        params[..3].copy_from_slice(&[param(&args.src), param(&args.dst), param(&bytes)]);
+        for (p, v) in params[3..3 + MAX_RANKS].iter_mut().zip(&a) {
+            *p = param(v);
+        }
+        params[MAX_RANKS + 3..].copy_from_slice(&[
+            param(&nranks),
+            param(&rank),
+            param(&args.ctl),
+            param(&args.timeout_ns),
+        ]);
+        // SAFETY: `ringccl_ll_gather(u64 src, u64 dst, u64 bytes, u64 × MAX_RANKS, u32 nranks,
+        // u32 rank, u64 ctl, u64 timeout_ns)`; the caller guarantees the memory.
+        unsafe { self.launch(stream, f, LaunchPlan::one_block(*limit), &mut params) }
     }
 }
 

@@ -224,6 +224,9 @@ pub struct Kernels {
     /// The point-to-point kernel (`gpu_kernels::p2p::P2P_ENTRY`) and its thread limit; `None`
     /// if the loaded code lacks it (point-to-point groups then take the scratch path).
     pub(crate) p2p: Option<(CudaFunction, u32)>,
+    /// The LL all-gather (`gpu_kernels::ll::LL_GATHER_ENTRY`) and its thread limit; `None` if
+    /// the loaded code lacks it (all-gathers then take the two-shot kernel).
+    pub(crate) ll_gather: Option<(CudaFunction, u32)>,
 }
 
 impl Kernels {
@@ -313,18 +316,23 @@ impl Kernels {
             .map_err(|e| Error::Kernel {
                 reason: format!("entry point {wait_name} not found ({:?})", e.0),
             })?;
-        let p2p = match module.load_function(gpu_kernels::p2p::P2P_ENTRY) {
-            Ok(f) => {
-                let limit = f
-                    .max_threads_per_block()
-                    .map_err(|e| Error::cuda("cuFuncGetAttribute", rank, e))?;
-                Some((f, u32::try_from(limit).unwrap_or(1).max(1)))
+        let optional = |name: &str| -> Result<Option<(CudaFunction, u32)>> {
+            match module.load_function(name) {
+                Ok(f) => {
+                    let limit = f
+                        .max_threads_per_block()
+                        .map_err(|e| Error::cuda("cuFuncGetAttribute", rank, e))?;
+                    Ok(Some((f, u32::try_from(limit).unwrap_or(1).max(1))))
+                }
+                Err(_) => Ok(None),
             }
-            Err(_) => None,
         };
+        let p2p = optional(gpu_kernels::p2p::P2P_ENTRY)?;
+        let ll_gather = optional(gpu_kernels::ll::LL_GATHER_ENTRY)?;
         Ok(Kernels {
             rank,
             p2p,
+            ll_gather,
             code: loaded,
             functions,
             max_threads,

@@ -13,7 +13,7 @@ use cudarc::driver::CudaStream;
 
 use super::process::ProcessCall;
 use super::{internal, partly_enqueued, RankPtrs};
-use crate::driver::ll::{ll_refusal, LlArgs};
+use crate::driver::ll::{ll_refusal, LlArgs, LlGatherArgs};
 use crate::{DataType, RedOp, Result};
 use gpu_kernels::oneshot::MAX_RANKS;
 
@@ -25,6 +25,82 @@ pub(crate) fn refusal(call: &ProcessCall<'_>, dtype: DataType, count: usize, min
     let n = call.state.sent.len();
     let recv = if mine.recv == 0 { mine.send } else { mine.recv };
     ll_refusal(n, count.saturating_mul(dtype.size()), (mine.send, recv), dtype.size())
+}
+
+/// Why this rank cannot run an LL all-gather of `bytes` per rank on `mine`, or `None`.
+pub(crate) fn gather_refusal(call: &ProcessCall<'_>, bytes: usize, mine: RankPtrs) -> Option<String> {
+    if !call.me.kernels.has_ll_gather() {
+        return Some(format!(
+            "the loaded kernels lack {}",
+            gpu_kernels::ll::LL_GATHER_ENTRY
+        ));
+    }
+    ll_refusal(call.state.sent.len(), bytes, (mine.send, mine.recv), 1)
+}
+
+/// Every rank's LL area, in rank order.
+fn areas(call: &ProcessCall<'_>, n: usize) -> Result<[u64; MAX_RANKS]> {
+    let mut areas = [0u64; MAX_RANKS];
+    for (q, a) in areas.iter_mut().enumerate().take(n) {
+        *a = call
+            .state
+            .windows
+            .ll_area(q)
+            .ok_or_else(|| internal(format!("no LL area for rank {q}")))?;
+    }
+    Ok(areas)
+}
+
+/// Enqueues this rank's LL all-gather of `bytes` per rank from `mine.send` into `mine.recv`
+/// (`gpu_kernels::ll::LL_GATHER_ENTRY`), ordered as the all-reduce is. The caller has checked
+/// [`gather_refusal`].
+pub(crate) fn execute_gather(
+    call: &mut ProcessCall<'_>,
+    mine: RankPtrs,
+    bytes: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = (call.state.rank, call.state.sent.len());
+    if !(2..=MAX_RANKS).contains(&n) || r >= n {
+        return Err(internal(format!("LL all-gather of {n} ranks")));
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let areas = areas(call, n)?;
+    call.health.check()?;
+    let capturing = call.capturing;
+    // Captured, the previous call's end is not waited on (as for the all-reduce).
+    if !capturing {
+        call.state.order.wait(stream, r)?;
+    }
+    let args = LlGatherArgs {
+        src: mine.send,
+        dst: mine.recv,
+        bytes,
+        areas: &areas[..n],
+        rank: r,
+        ctl: call.health.ctl(),
+        timeout_ns: call.health.timeout_ns(),
+    };
+    // SAFETY: `mine.send` is this rank's input of `bytes` and `mine.recv` its output of
+    // `n * bytes` (validated by the collective; in place the input is the output's block `r`);
+    // the LL areas and the order of this rank's LL kernels as for the all-reduce below.
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { call.me.kernels.launch_ll_gather(stream, &args) });
+    if let Err(cause) = launched {
+        if capturing {
+            return Err(cause);
+        }
+        // The peers' kernels wait for this one's packets (until their timeout).
+        return Err(partly_enqueued(call.health, vec![r], cause));
+    }
+    if capturing {
+        return Ok(());
+    }
+    call.state.order.record(stream, r)
 }
 
 /// Enqueues this rank's LL all-reduce of `count` elements (see the module docs). The caller
@@ -45,13 +121,7 @@ pub(crate) fn execute(
     if count == 0 {
         return Ok(());
     }
-    let mut areas = [0u64; MAX_RANKS];
-    for (q, a) in areas.iter_mut().enumerate().take(n) {
-        *a = st
-            .windows
-            .ll_area(q)
-            .ok_or_else(|| internal(format!("no LL area for rank {q}")))?;
-    }
+    let areas = areas(call, n)?;
     call.health.check()?;
     call.me.kernels.ll_ready(dtype, op)?;
     let capturing = call.capturing;

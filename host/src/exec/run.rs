@@ -102,7 +102,7 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
             };
             let stream = stream.as_ref();
             let signal_free = |p: &CallPlan| match p {
-                CallPlan::ProcessShot { .. } | CallPlan::ProcessLl { .. } => true,
+                CallPlan::ProcessShot { .. } | CallPlan::ProcessLl { .. } | CallPlan::ProcessLlGather { .. } => true,
                 CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
                 _ => false,
             };
@@ -121,6 +121,14 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                         return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
                     }
                     ll::execute(&mut call, dtype, op, mine, *count, stream)
+                }),
+                CallPlan::ProcessLlGather { sendcount } => track.all(&mut || {
+                    let bytes = sendcount.saturating_mul(dtype.size());
+                    if let Some(why) = ll::gather_refusal(&call, bytes, mine) {
+                        // Nothing is launched: the peers' LL kernels end at their timeout.
+                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
+                    }
+                    ll::execute_gather(&mut call, mine, bytes, stream)
                 }),
                 CallPlan::ProcessRing { plan, .. } => {
                     call.ensure_scratch(plan.prepared.schedule.scratch_len.saturating_mul(dtype.size()))?;

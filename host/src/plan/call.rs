@@ -284,6 +284,13 @@ pub enum CallPlan {
         /// Elements.
         count: usize,
     },
+    /// Processes: this rank's LL all-gather (`gpu_kernels::ll::LL_GATHER_ENTRY`, `exec::ll`):
+    /// one kernel that pushes the input into every peer's LL area and copies every rank's
+    /// packets into its block of the output ([`ll_gather_fits`]).
+    ProcessLlGather {
+        /// Elements per rank.
+        sendcount: usize,
+    },
     /// Processes: the ring schedule through scratch, ordered by signals (`exec::process`).
     ProcessRing {
         /// Elements per step.
@@ -325,6 +332,9 @@ impl std::fmt::Debug for CallPlan {
                 .field("scratch", scratch)
                 .finish(),
             CallPlan::ProcessLl { count } => f.debug_struct("ProcessLl").field("count", count).finish(),
+            CallPlan::ProcessLlGather { sendcount } => {
+                f.debug_struct("ProcessLlGather").field("sendcount", sendcount).finish()
+            }
             CallPlan::ProcessRing { chunk, plan } => f
                 .debug_struct("ProcessRing")
                 .field("chunk", chunk)
@@ -348,7 +358,8 @@ impl CallPlan {
         match self {
             CallPlan::Shot { shot: Shot::One, .. }
             | CallPlan::ProcessShot { shot: Shot::One, .. }
-            | CallPlan::ProcessLl { .. } => Algorithm::OneShot,
+            | CallPlan::ProcessLl { .. }
+            | CallPlan::ProcessLlGather { .. } => Algorithm::OneShot,
             CallPlan::Shot { .. } | CallPlan::ProcessShot { .. } => Algorithm::TwoShot,
             CallPlan::CopyEngine(_) => Algorithm::CopyEngine,
             CallPlan::Ring { .. }
@@ -526,6 +537,11 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
             _ => None,
         }
     };
+    if let Collective::AllGather { sendcount } = c {
+        if algorithm == Some(Algorithm::TwoShot) && ll_gather_fits(c, sendcount.saturating_mul(size), n, config) {
+            return Ok((CallPlan::ProcessLlGather { sendcount }, false));
+        }
+    }
     let shot = match algorithm {
         Some(Algorithm::OneShot) => Some(Shot::One),
         Some(Algorithm::TwoShot) => Some(Shot::Two {
@@ -576,6 +592,31 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
 pub fn ll_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
     matches!(c, Collective::AllReduce { .. })
         && config.algorithm != Some(Algorithm::OneShot)
+        && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
+        && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
+}
+
+/// Whether an all-gather of `bytes` per rank among `nranks` processes of one machine, which
+/// would run on the two-shot kernel's barriers, runs on the LL all-gather kernel instead:
+/// [`Config::ll_all_gather`] on, no algorithm forced, 2 to `MAX_RANKS` ranks, at most
+/// [`Config::ll_max_bytes`] and the LL area's `gpu_kernels::ll::LL_MAX_BYTES` per rank.
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::ll_gather_fits;
+/// use ringccl::Config;
+/// let ag = Collective::AllGather { sendcount: 1024 };
+/// assert!(!ll_gather_fits(ag, 4096, 2, &Config::default()), "off by default");
+/// let mut on = Config::default();
+/// on.ll_all_gather = true;
+/// assert!(ll_gather_fits(ag, 4096, 2, &on));
+/// assert!(!ll_gather_fits(ag, 64 << 10, 2, &on));
+/// assert!(!ll_gather_fits(Collective::AllReduce { count: 1024 }, 4096, 2, &on));
+/// ```
+pub fn ll_gather_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
+    matches!(c, Collective::AllGather { .. })
+        && config.ll_all_gather
+        && config.algorithm.is_none()
         && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
         && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
 }

@@ -39,6 +39,7 @@ enum Want {
     Ring,
     ProcessShot(Shot, usize),
     ProcessLl,
+    ProcessLlGather,
     ProcessRing,
     Network(bool),
     Hybrid(bool),
@@ -135,6 +136,7 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
             shot == w && *k == count && scratch == s
         }
         (Ok((CallPlan::ProcessLl { count: k }, new)), Want::ProcessLl) => *k == count && !*new,
+        (Ok((CallPlan::ProcessLlGather { sendcount }, new)), Want::ProcessLlGather) => *sendcount == count && !*new,
         (Ok((CallPlan::ProcessRing { plan, .. }, new)), Want::ProcessRing) => {
             *new && !plan.prepared.schedule.steps.is_empty()
         }
@@ -165,6 +167,8 @@ fn every_branch_of_the_choice() {
     let ll_off = Config { ll_max_bytes: 0, ..Config::default() };
     let ll_1k = Config { ll_max_bytes: 1024, ..Config::default() };
     let ll_big = Config { ll_max_bytes: 1 << 30, ..Config::default() };
+    let gather_on = Config { ll_all_gather: true, ..Config::default() };
+    let gather_forced = Config { ll_all_gather: true, algorithm: Some(Algorithm::TwoShot), ..Config::default() };
     #[rustfmt::skip]
     let rows: Vec<(&str, Collective, Layout, Comm, Config, Want)> = vec![
         // One process, all-reduce.
@@ -202,6 +206,12 @@ fn every_branch_of_the_choice() {
         ("processes, LL off: one-shot", C::AllReduce { count: small }, OUT, Comm::Procs(2), ll_off.clone(), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, LL limit lowered: one-shot above it", C::AllReduce { count: small }, OUT, Comm::Procs(2), ll_1k.clone(), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, LL limit above its area: the area's", C::AllReduce { count: ll_max + 1 }, OUT, Comm::Procs(2), ll_big.clone(), Want::ProcessShot(Shot::One, (ll_max + 1) * 4)),
+        ("processes, small all-gather, LL all-gather on: LL", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), gather_on.clone(), Want::ProcessLlGather),
+        ("processes, all-gather at the LL limit, LL all-gather on: LL", C::AllGather { sendcount: ll_max }, IN, Comm::Procs(2), gather_on.clone(), Want::ProcessLlGather),
+        ("processes, all-gather above the LL limit: two-shot", C::AllGather { sendcount: ll_max + 1 }, OUT, Comm::Procs(2), gather_on.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 2 * (ll_max + 1), 2), 2 * (ll_max + 1) * 4)),
+        ("processes, small all-gather, forced two-shot: two-shot", C::AllGather { sendcount: small }, OUT, Comm::Procs(2), gather_forced, Want::ProcessShot(ts(TwoShotOf::AllGather, 2 * small, 2), 2 * small * 4)),
+        ("processes, small all-gather, nine ranks: ring", C::AllGather { sendcount: small }, OUT, Comm::Procs(9), gather_on.clone(), Want::ProcessRing),
+        ("captured small all-gather, LL all-gather on: LL", C::AllGather { sendcount: small }, IN, pc2, gather_on.clone(), Want::ProcessLlGather),
         ("processes, forced one-shot: one-shot, not LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::OneShot), Want::ProcessShot(Shot::One, small * 4)),
         ("captured forced one-shot: one-shot, not LL", C::AllReduce { count: small }, IN, pc2, forced(Algorithm::OneShot), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, forced two-shot: no LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, small, 2), scratch_for(ts(TwoShotOf::AllReduce, small, 2), small * 4, 2).unwrap_or(0))),
