@@ -5,7 +5,8 @@
 //! one kernel launch per eager collective or point-to-point group; no stream wait when the
 //! previous call ran on the same stream, one when it did not; no copy at all for the LL
 //! all-reduce, for a one-shot all-reduce on a registered buffer (read in place by the peers)
-//! and for a point-to-point group between distinct ranks; a captured call replayed is one
+//! and the LL all-gather (switched on here), and for a point-to-point group between distinct
+//! ranks; a captured call replayed is one
 //! graph launch. The heap allocations per call (a counting global allocator) are shown too.
 //!
 //! `driver_calls_per_call_across_processes` starts `RINGCCL_TEST_PROCESSES` processes (default:
@@ -229,6 +230,7 @@ fn rank_counts_driver_calls() {
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
     config.zero_copy_reads = true;
+    config.ll_all_gather = true;
     let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let ordinal = rank % gpus.max(1);
     let comm =
@@ -345,7 +347,7 @@ fn rank_counts_driver_calls() {
         )
         .expect("all_reduce");
     });
-    me.case(&comm, "all_gather 4 KiB per rank", EAGER, || {
+    me.case(&comm, "all_gather 4 KiB per rank (LL)", EAGER_NO_COPY, || {
         comm.all_gather(&mut [Io::out_of_place(&send, &mut recv)], small, &s)
             .expect("all_gather");
     });
