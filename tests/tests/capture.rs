@@ -11,11 +11,13 @@
 //!    reduce-scatter and an in-place all-gather; graph B (thread-local mode): an all-reduce
 //!    (max) of another size;
 //! 2. tries what cannot be captured (relaxed mode): a 20 MiB all-reduce that needs more scratch
-//!    than there is, one above the capture limit, a gather (point-to-point groups are captured:
-//!    `tests/p2p_kernel.rs`): each refused with
-//!    `InvalidArgument` on the stream, nothing captured, the communicator usable after;
+//!    than there is, a reduce-scatter above the capture limit, a gather (point-to-point groups
+//!    are captured: `tests/p2p_kernel.rs`): each refused with
+//!    `InvalidArgument` on the stream, nothing captured, the communicator usable after; then
+//!    graph D: two all-reduces above the limit (25 and 36 MiB), captured as two-shot kernels
+//!    over chunks;
 //! 3. 20 rounds: new inputs written into the captured buffers, A replayed, eager calls of the
-//!    captured and of other sizes (the ring), B replayed; every output checked exactly. At round
+//!    captured and of other sizes (the ring), B and D replayed; every output checked exactly. At round
 //!    10 an eager 20 MiB all-reduce grows the scratch; graph C (relaxed mode) then captures
 //!    that size and is replayed in the rounds after;
 //! 4. drops the communicator, replays A once more (checked), destroys the graphs, and waits for
@@ -381,9 +383,9 @@ fn rank_captures() {
     let mut too_big = Call::<f32>::new(
         &stream,
         n,
-        Kind::AllReduce(RedOp::Sum),
-        TWOSHOT_MAX / 4 + 1,
-        true,
+        Kind::ReduceScatter(RedOp::Sum),
+        TWOSHOT_MAX / 4 / n + 1,
+        false,
     );
     let send = stream.alloc_zeros::<f32>(64).expect("alloc");
     let mut out = stream.alloc_zeros::<f32>(64 * n).expect("alloc");
@@ -399,7 +401,7 @@ fn rank_captures() {
             too_big.issue(&comm, &stream),
             r,
             &format!("sizes up to {TWOSHOT_MAX} bytes can"),
-            "an all-reduce above the limit",
+            "a reduce-scatter above the limit",
         );
         let mut io = [if r == 0 {
             Io::out_of_place(&send, &mut out)
@@ -427,6 +429,34 @@ fn rank_captures() {
         0,
         "rank {r}"
     );
+
+    // Graph D: all-reduces above the limit, captured as two-shot kernels over chunks (every
+    // chunk within the first scratch: no eager call first).
+    let mut chunked = vec![
+        Call::<f32>::new(
+            &stream,
+            n,
+            Kind::AllReduce(RedOp::Sum),
+            TWOSHOT_MAX / 4 + 12_345,
+            true,
+        ),
+        Call::<f32>::new(
+            &stream,
+            n,
+            Kind::AllReduce(RedOp::Max),
+            (9 << 20) + 3,
+            false,
+        ),
+    ];
+    stream.synchronize().expect("synchronize");
+    let graph_d = capture(&stream, RELAXED, || {
+        for c in &mut chunked {
+            c.issue(&comm, &stream)
+                .map_err(|e| format!("{}: {e}", c.name()))?;
+        }
+        Ok(())
+    })
+    .expect("graph D: all-reduces above the limit, in chunks");
 
     // 3. Twenty rounds.
     let mut graph_c: Option<CudaGraph> = None;
@@ -460,6 +490,19 @@ fn rank_captures() {
             bad += eager_gather.check(&stream, r, n, k + 700, "eager all-gather between replays");
         }
         graph_b.launch().expect("replay B");
+        for c in &mut chunked {
+            c.fill(&stream, r, n, k + 1100);
+        }
+        graph_d.launch().expect("replay D");
+        for c in &chunked {
+            bad += c.check(
+                &stream,
+                r,
+                n,
+                k + 1100,
+                &format!("replay {k} of D (chunks)"),
+            );
+        }
         if k == 10 {
             // An eager call that grows the scratch (collective, between replays); then the
             // size can be captured.
@@ -514,7 +557,7 @@ fn rank_captures() {
         bad, 0,
         "rank {r}: wrong elements after the communicator's drop"
     );
-    drop((graph_a, graph_b, graph_c));
+    drop((graph_a, graph_b, graph_c, graph_d));
     let t1 = Instant::now();
     while Communicator::held_by_graphs() > held_before {
         assert!(

@@ -347,10 +347,15 @@ fn rank_counts_driver_calls() {
         )
         .expect("all_reduce");
     });
-    me.case(&comm, "all_gather 4 KiB per rank (LL)", EAGER_NO_COPY, || {
-        comm.all_gather(&mut [Io::out_of_place(&send, &mut recv)], small, &s)
-            .expect("all_gather");
-    });
+    me.case(
+        &comm,
+        "all_gather 4 KiB per rank (LL)",
+        EAGER_NO_COPY,
+        || {
+            comm.all_gather(&mut [Io::out_of_place(&send, &mut recv)], small, &s)
+                .expect("all_gather");
+        },
+    );
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
     me.case(&comm, "send/recv 4 KiB (ring shift)", EAGER_NO_COPY, || {
         let mut ops = [

@@ -525,6 +525,38 @@ pub(crate) fn execute_oneshot(
     call.state.order.record(stream, r)
 }
 
+/// Enqueues an all-reduce, broadcast or reduce of `count` elements as consecutive kernels of
+/// `shot` over chunks of at most `chunk` elements ([`crate::plan::call::CallPlan::ProcessShotChunks`]):
+/// chunk `k` is the collective of elements `k * chunk ..` of both buffers (a buffer this rank
+/// does not have, address 0, stays 0). Every rank cuts the call alike, so the kernels' epochs
+/// advance alike.
+pub(crate) fn execute_chunks(
+    call: &mut ProcessCall<'_>,
+    shot: super::oneshot::Shot,
+    dtype: DataType,
+    op: RedOp,
+    mine: RankPtrs,
+    (count, chunk): (usize, usize),
+    stream: &CudaStream,
+) -> Result<()> {
+    if chunk == 0 {
+        return Err(internal("a chunked call with chunks of 0 elements".into()));
+    }
+    let size = dtype.size() as u64;
+    let at = |base: u64, first: usize| if base == 0 { 0 } else { base + first as u64 * size };
+    let mut first = 0;
+    while first < count {
+        let len = chunk.min(count - first);
+        let part = RankPtrs {
+            send: at(mine.send, first),
+            recv: at(mine.recv, first),
+        };
+        execute_oneshot(call, shot, dtype, op, part, len, stream)?;
+        first += len;
+    }
+    Ok(())
+}
+
 /// Largest one-shot all-reduce among processes whose kernel copies the input into the scratch
 /// itself (one launch fewer); above it the driver's copy, on many more SMs, runs first. On one
 /// H200 with two processes under MPS, the one-block copy made a 256 KiB call 22.5 µs against

@@ -102,7 +102,10 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
             };
             let stream = stream.as_ref();
             let signal_free = |p: &CallPlan| match p {
-                CallPlan::ProcessShot { .. } | CallPlan::ProcessLl { .. } | CallPlan::ProcessLlGather { .. } => true,
+                CallPlan::ProcessShot { .. }
+                | CallPlan::ProcessShotChunks { .. }
+                | CallPlan::ProcessLl { .. }
+                | CallPlan::ProcessLlGather { .. } => true,
                 CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
                 _ => false,
             };
@@ -114,6 +117,15 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                 CallPlan::ProcessShot { shot, count, scratch } => track.all(&mut || {
                     call.ensure_scratch(*scratch)?;
                     process::execute_oneshot(&mut call, *shot, dtype, op, mine, *count, stream)
+                }),
+                CallPlan::ProcessShotChunks {
+                    shot,
+                    count,
+                    chunk,
+                    scratch,
+                } => track.all(&mut || {
+                    call.ensure_scratch(*scratch)?;
+                    process::execute_chunks(&mut call, *shot, dtype, op, mine, (*count, *chunk), stream)
                 }),
                 CallPlan::ProcessLl { count } => track.all(&mut || {
                     if let Some(why) = ll::refusal(&call, dtype, *count, mine) {

@@ -277,6 +277,20 @@ pub enum CallPlan {
         /// Scratch bytes every rank needs ([`scratch_for`]).
         scratch: usize,
     },
+    /// Processes, under CUDA-graph capture: an all-reduce, broadcast or reduce above the
+    /// capture limit as consecutive two-shot kernels of at most `chunk` elements each (the
+    /// three are elementwise: each chunk is the collective of its elements), every one within
+    /// the scratch the communicator starts with ([`captured_chunks`]).
+    ProcessShotChunks {
+        /// The kernel of every chunk.
+        shot: Shot,
+        /// Elements of the whole call.
+        count: usize,
+        /// Elements per chunk (the last may be shorter).
+        chunk: usize,
+        /// Scratch bytes every rank needs (one chunk's, [`scratch_for`]).
+        scratch: usize,
+    },
     /// Processes: this rank's LL push all-reduce (`gpu_kernels::ll`, `exec::ll`): one kernel
     /// that pushes the input, the flag inside each packet, into every peer's LL area and folds
     /// the peers' packets; one exchange per call, no staging copy.
@@ -331,6 +345,13 @@ impl std::fmt::Debug for CallPlan {
                 .field("count", count)
                 .field("scratch", scratch)
                 .finish(),
+            CallPlan::ProcessShotChunks { shot, count, chunk, scratch } => f
+                .debug_struct("ProcessShotChunks")
+                .field("shot", shot)
+                .field("count", count)
+                .field("chunk", chunk)
+                .field("scratch", scratch)
+                .finish(),
             CallPlan::ProcessLl { count } => f.debug_struct("ProcessLl").field("count", count).finish(),
             CallPlan::ProcessLlGather { sendcount } => {
                 f.debug_struct("ProcessLlGather").field("sendcount", sendcount).finish()
@@ -360,7 +381,9 @@ impl CallPlan {
             | CallPlan::ProcessShot { shot: Shot::One, .. }
             | CallPlan::ProcessLl { .. }
             | CallPlan::ProcessLlGather { .. } => Algorithm::OneShot,
-            CallPlan::Shot { .. } | CallPlan::ProcessShot { .. } => Algorithm::TwoShot,
+            CallPlan::Shot { .. } | CallPlan::ProcessShot { .. } | CallPlan::ProcessShotChunks { .. } => {
+                Algorithm::TwoShot
+            }
             CallPlan::CopyEngine(_) => Algorithm::CopyEngine,
             CallPlan::Ring { .. }
             | CallPlan::ProcessRing { .. }
@@ -528,7 +551,12 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
     } else if v.capturing {
         match capture_algorithm(c, max_bytes, n, config) {
             Some(a) => Some(a),
-            None => return Err(not_capturable(call, v, config, "")),
+            None => {
+                return match captured_chunks(c, size, n, config, || (v.sms)()) {
+                    Some(plan) => Ok((plan, false)),
+                    None => Err(not_capturable(call, v, config, "")),
+                }
+            }
         }
     } else {
         match c {
@@ -656,6 +684,63 @@ pub fn capture_limit(c: Collective, nranks: usize, config: &Config) -> Option<us
     }
 }
 
+/// The plan of a call of `c` (elements of `size` bytes) among `nranks` processes captured
+/// into a CUDA graph above [`capture_limit`]: for an all-reduce, broadcast or reduce, the
+/// two-shot kernel over consecutive chunks of at most the limit (rounded down to 256 bytes),
+/// each of which fits the scratch every communicator among processes starts with
+/// (`transport::ipc::MIN_SCRATCH_BYTES`), so no eager call has to grow it first; `None` for
+/// the other collectives (their blocks are strided by the whole count), where the limit is 0
+/// or the kernel cannot run (more than `MAX_RANKS` ranks). `sms`: the two-shot grid cap, asked
+/// only for a plan.
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::{captured_chunks, CallPlan};
+/// use ringccl::Config;
+/// let c = Config::default();
+/// let big = Collective::AllReduce { count: 10 << 20 }; // 40 MiB of f32
+/// let Some(CallPlan::ProcessShotChunks { count, chunk, .. }) = captured_chunks(big, 4, 2, &c, || 66) else {
+///     panic!("chunked")
+/// };
+/// assert_eq!((count, chunk), (10 << 20, (8 << 20) / 4));
+/// assert!(captured_chunks(Collective::AllGather { sendcount: 10 << 20 }, 4, 2, &c, || 66).is_none());
+/// assert!(captured_chunks(big, 4, 9, &c, || 66).is_none());
+/// ```
+pub fn captured_chunks(
+    c: Collective,
+    size: usize,
+    nranks: usize,
+    config: &Config,
+    sms: impl FnOnce() -> u32,
+) -> Option<CallPlan> {
+    if !matches!(
+        c,
+        Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. }
+    ) {
+        return None;
+    }
+    let limit = capture_limit(c, nranks, config)?;
+    let chunk = (limit.min(crate::transport::ipc::MIN_SCRATCH_BYTES / 2) / 256 * 256) / size.max(1);
+    if chunk == 0 {
+        return None;
+    }
+    let bytes = chunk * size;
+    let shot = Shot::Two {
+        blocks: tuning::twoshot_blocks(bytes, nranks, sms()),
+        of: twoshot_of(c)?,
+    };
+    let scratch = scratch_for(shot, bytes, nranks)?;
+    if scratch > crate::transport::ipc::MIN_SCRATCH_BYTES {
+        return None;
+    }
+    Some(CallPlan::ProcessShotChunks {
+        shot,
+        count: c.count(),
+        chunk,
+        scratch,
+    })
+}
+
 /// The kernel a captured call of `c` (`bytes` per rank, as [`capture_limit`] counts them) runs
 /// among `nranks` processes: the one-shot or two-shot kernel, forced or by size, whatever
 /// [`Config::algorithm`] forces otherwise (the ring cannot be captured there); `None` where
@@ -688,7 +773,8 @@ fn not_capturable(call: &CallShape, v: &ProcessView<'_>, config: &Config, how: &
         match capture_limit(c, v.nranks, config) {
             Some(max) => format!(
                 "{what} cannot be captured into a CUDA graph in a job of processes yet (sizes up \
-                 to {max} bytes can, RINGCCL_TWOSHOT_MAX_BYTES): call it eagerly, or split it"
+                 to {max} bytes can, RINGCCL_TWOSHOT_MAX_BYTES; all-reduces, broadcasts and \
+                 reduces of any size): call it eagerly, or split it"
             ),
             None if twoshot_of(c).is_none() => format!(
                 "{what} cannot be captured into a CUDA graph in a job of processes yet (all-reduce, \

@@ -40,6 +40,8 @@ enum Want {
     ProcessShot(Shot, usize),
     ProcessLl,
     ProcessLlGather,
+    /// Chunks of this many elements.
+    ProcessShotChunks(usize),
     ProcessRing,
     Network(bool),
     Hybrid(bool),
@@ -137,6 +139,9 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
         }
         (Ok((CallPlan::ProcessLl { count: k }, new)), Want::ProcessLl) => *k == count && !*new,
         (Ok((CallPlan::ProcessLlGather { sendcount }, new)), Want::ProcessLlGather) => *sendcount == count && !*new,
+        (Ok((CallPlan::ProcessShotChunks { shot: Shot::Two { .. }, count: k, chunk, scratch }, new)), Want::ProcessShotChunks(c)) => {
+            *k == count && chunk == c && *scratch <= crate::transport::ipc::MIN_SCRATCH_BYTES && !*new
+        }
         (Ok((CallPlan::ProcessRing { plan, .. }, new)), Want::ProcessRing) => {
             *new && !plan.prepared.schedule.steps.is_empty()
         }
@@ -230,7 +235,13 @@ fn every_branch_of_the_choice() {
         ("captured small all-reduce, LL off: one-shot", C::AllReduce { count: small }, IN, pc2, ll_off.clone(), Want::ProcessShot(Shot::One, small * 4)),
         ("captured mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("captured all-reduce at the two-shot limit: two-shot", C::AllReduce { count: tmax }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, tmax, 2), scratch_for(ts(TwoShotOf::AllReduce, tmax, 2), tmax * 4, 2).unwrap_or(0))),
-        ("captured all-reduce above the two-shot limit: refused", C::AllReduce { count: tmax + 1 }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
+        ("captured all-reduce above the two-shot limit: two-shot chunks", C::AllReduce { count: tmax + 1 }, OUT, pc2, d.clone(), Want::ProcessShotChunks((8 << 20) / 4)),
+        ("captured 1 GiB all-reduce in place: two-shot chunks", C::AllReduce { count: huge }, IN, Comm::ProcsCapturing(8), d.clone(), Want::ProcessShotChunks((8 << 20) / 4)),
+        ("captured large broadcast: two-shot chunks", C::Broadcast { count: big, root: 1 }, OUT, pc2, d.clone(), Want::ProcessShotChunks((8 << 20) / 4)),
+        ("captured large reduce: two-shot chunks", C::Reduce { count: big, root: 0 }, OUT, pc2, d.clone(), Want::ProcessShotChunks((8 << 20) / 4)),
+        ("captured large all-reduce, two-shot off: refused", C::AllReduce { count: big }, OUT, pc2, Config { twoshot_max_bytes: 0, oneshot_max_bytes: 0, ..Config::default() }, Want::NotCapturable("sizes up to 0 bytes can")),
+        ("captured large all-reduce, nine ranks: refused", C::AllReduce { count: big }, OUT, Comm::ProcsCapturing(9), d.clone(), Want::NotCapturable("jobs of 2")),
+        ("captured large reduce-scatter: refused", C::ReduceScatter { recvcount: big }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
         ("captured forced ring: two-shot all the same", C::AllReduce { count: mid }, OUT, pc2, forced(Algorithm::Ring), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("captured forced copy engines: LL", C::AllReduce { count: small }, OUT, pc2, forced(Algorithm::CopyEngine), Want::ProcessLl),
         ("captured forced two-shot above the limit: two-shot", C::AllReduce { count: big }, OUT, pc2, forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, big, 2), scratch_for(ts(TwoShotOf::AllReduce, big, 2), big * 4, 2).unwrap_or(0))),
@@ -255,7 +266,7 @@ fn every_branch_of_the_choice() {
         let (plan, sms_asked) = run(c, layout, comm, &config);
         assert!(matches(&plan, &want, c.count()), "{what}: {plan:?}, expected {want:?}");
         // The SM count is asked only for a two-shot plan.
-        let two_shot = matches!(&plan, Ok((CallPlan::Shot { shot: Shot::Two { .. }, .. } | CallPlan::ProcessShot { shot: Shot::Two { .. }, .. }, _)));
+        let two_shot = matches!(&plan, Ok((CallPlan::Shot { shot: Shot::Two { .. }, .. } | CallPlan::ProcessShot { shot: Shot::Two { .. }, .. } | CallPlan::ProcessShotChunks { .. }, _)));
         assert_eq!(sms_asked, u32::from(two_shot), "{what}: SMs asked {sms_asked} times");
     }
 }
