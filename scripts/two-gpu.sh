@@ -19,7 +19,8 @@
 #     reliability (scripts/reliability-run.sh, kill steps included), torch-check (the PyTorch
 #     check through NCCL and through ringccl, same script and values)
 #   one process, NCCL in the same process: perf1-f32, perf1-bf16, perf1-graph, perf1-twoshot
-#   two processes, NCCL in the same processes: perf2, perf2-graph
+#   two processes, NCCL in the same processes: perf2, perf2-graph; ringccl alone with the
+#     switches that are off by default: perf2-llgather, perf2-p2p-kernel
 #   PyTorch: torch-allreduce-{nccl,ringccl}, torch-{ddp,fsdp2}-{nccl,ringccl} (alternated twice)
 #   profile: ncu of the one-shot kernel (range replay)
 # PROCS (default 2): processes of the test suites and the PyTorch checks.
@@ -158,6 +159,10 @@ if have ringccl-perf; then
   [ "$ONE" = 1 ] && L=ringccl
   ranks perf2 500 2 "$PERF" --procs 2 --lib $L -t "$COLLS" -d float -b 8 -e 1G -f 4 -n 50 -w 5 --no-progress --json "$OUT/perf2.json"
   ranks perf2-graph 300 2 "$PERF" --procs 2 --lib $L -t "$COLLS" -d float -b 8 -e 64M -f 8 -n 50 -w 5 -G 1 --no-progress --json "$OUT/perf2-graph.json"
+  # The switches that are off by default: the LL all-gather (small all-gathers), and the
+  # point-to-point kernel for every size (the default takes the copy engines above 1 MiB).
+  ranks perf2-llgather 200 2 env RINGCCL_LL_ALL_GATHER=1 "$PERF" --procs 2 --lib ringccl -t all_gather -d float -b 8 -e 256K -f 4 -n 100 -w 10 --no-progress --json "$OUT/perf2-llgather.json"
+  ranks perf2-p2p-kernel 200 2 env RINGCCL_P2P_KERNEL_MAX_BYTES=1G "$PERF" --procs 2 --lib ringccl -t send_recv -d float -b 256K -e 64M -f 2 -n 50 -w 5 --no-progress --json "$OUT/perf2-p2p-kernel.json"
 fi
 
 # 4. Through PyTorch, NCCL and ringccl alternated.
