@@ -90,17 +90,20 @@ pub(crate) fn execute_gather(
         .health
         .injected_failure(r)
         .and_then(|()| unsafe { call.me.kernels.launch_ll_gather(stream, &args) });
-    if let Err(cause) = launched {
-        if capturing {
-            return Err(cause);
-        }
-        // The peers' kernels wait for this one's packets (until their timeout).
-        return Err(partly_enqueued(call.health, vec![r], cause));
+    after_launch(call, launched, stream)
+}
+
+/// The end of an LL call's issue, given its launch's result: eager, a failed launch fails the
+/// communicator (the peers' kernels wait for this one's packets until their timeout) and a
+/// launched one records the call's end; captured, neither (the error is the caller's).
+fn after_launch(call: &mut ProcessCall<'_>, launched: Result<()>, stream: &CudaStream) -> Result<()> {
+    let r = call.state.rank;
+    match launched {
+        Err(cause) if call.capturing => Err(cause),
+        Err(cause) => Err(partly_enqueued(call.health, vec![r], cause)),
+        Ok(()) if call.capturing => Ok(()),
+        Ok(()) => call.state.order.record(stream, r),
     }
-    if capturing {
-        return Ok(());
-    }
-    call.state.order.record(stream, r)
 }
 
 /// Enqueues this rank's LL all-reduce of `count` elements (see the module docs). The caller
@@ -153,15 +156,5 @@ pub(crate) fn execute(
         .health
         .injected_failure(r)
         .and_then(|()| unsafe { call.me.kernels.launch_ll(stream, dtype, op, &args) });
-    if let Err(cause) = launched {
-        if capturing {
-            return Err(cause);
-        }
-        // The peers' kernels wait for this one's packets (until their timeout).
-        return Err(partly_enqueued(call.health, vec![r], cause));
-    }
-    if capturing {
-        return Ok(());
-    }
-    call.state.order.record(stream, r)
+    after_launch(call, launched, stream)
 }
