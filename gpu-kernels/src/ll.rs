@@ -477,3 +477,111 @@ mod dev {
 
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use dev::{all_gather, all_reduce};
+
+/// The LL protocol on the CPU: ranks step through a sequence of calls (all-reduces and
+/// all-gathers alike: each pushes its packets to every peer, then takes every peer's) in random
+/// interleavings, over areas of two parities of slots per source, with the kernels' epochs and
+/// flags. Checks the module docs' argument: a packet is never overwritten before its reader has
+/// taken it, and a reader only ever takes the packet of its own call.
+#[cfg(test)]
+mod protocol {
+    extern crate std;
+    use super::{ll_flag, pack, unpack};
+    use rand::{Rng, SeedableRng};
+    use std::vec;
+    use std::vec::Vec;
+
+    /// Where a rank is in its current call.
+    #[derive(Clone, Copy, Debug)]
+    enum At {
+        /// Pushing to the peer of this index (into `peers`).
+        Push(usize),
+        /// Taking the packet of the peer of this index.
+        Take(usize),
+    }
+
+    struct Rank {
+        /// Calls done (the area's counter).
+        done: u64,
+        at: At,
+        /// Slots `[parity][src]` of this rank's area: the packet last stored there.
+        area: [[[u32; 4]; 8]; 2],
+        /// The payloads taken in the current call, by source.
+        got: Vec<Option<u64>>,
+        /// `[parity][src]`: the call whose packet sits in the slot, not yet taken.
+        untaken: [[Option<u64>; 8]; 2],
+    }
+
+    fn payload(src: usize, epoch: u64) -> u64 {
+        (src as u64) << 40 | epoch
+    }
+
+    fn run(n: usize, calls: u64, seed: u64) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut ranks: Vec<Rank> = (0..n)
+            .map(|_| Rank {
+                done: 0,
+                at: At::Push(0),
+                area: [[[0; 4]; 8]; 2],
+                got: vec![None; n],
+                untaken: [[None; 8]; 2],
+            })
+            .collect();
+        let peers = |r: usize| (0..n).filter(move |&q| q != r).collect::<Vec<_>>();
+        while ranks.iter().any(|k| k.done < calls) {
+            let r = rng.random_range(0..n);
+            if ranks[r].done == calls {
+                continue;
+            }
+            let e = ranks[r].done + 1;
+            let (flag, parity) = (ll_flag(e), (e % 2) as usize);
+            let ps = peers(r);
+            match ranks[r].at {
+                At::Push(i) => {
+                    let q = ps[i];
+                    // The slot must hold nothing its reader has yet to take.
+                    if let Some(old) = ranks[q].untaken[parity][r] {
+                        panic!("rank {r}'s call {e} overwrote its call {old} in rank {q} before it was taken");
+                    }
+                    ranks[q].area[parity][r] = pack(payload(r, e), flag);
+                    ranks[q].untaken[parity][r] = Some(e);
+                    ranks[r].at = if i + 1 < ps.len() {
+                        At::Push(i + 1)
+                    } else {
+                        At::Take(0)
+                    };
+                }
+                At::Take(i) => {
+                    let q = ps[i];
+                    // Spins until the packet carries this call's flag.
+                    if let Some(v) = unpack(ranks[r].area[parity][q], flag) {
+                        assert_eq!(
+                            v,
+                            payload(q, e),
+                            "rank {r} took another call's packet from {q}"
+                        );
+                        ranks[r].got[q] = Some(v);
+                        ranks[r].untaken[parity][q] = None;
+                        if i + 1 < ps.len() {
+                            ranks[r].at = At::Take(i + 1);
+                        } else {
+                            assert!(ps.iter().all(|&q| ranks[r].got[q].is_some()));
+                            ranks[r].got.iter_mut().for_each(|g| *g = None);
+                            ranks[r].done = e;
+                            ranks[r].at = At::Push(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn two_parities_suffice_in_any_interleaving() {
+        for n in 2..=8 {
+            for seed in 0..40 {
+                run(n, 30, seed * 31 + n as u64);
+            }
+        }
+    }
+}
