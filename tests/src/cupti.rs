@@ -120,27 +120,46 @@ impl Calls {
     }
 }
 
-/// Where CUPTI may be, in order: `RINGCCL_TEST_CUPTI`, then the loader's search path, then the
-/// CUDA toolkit's usual places.
-const CANDIDATES: [&str; 6] = [
-    "libcupti.so",
-    "libcupti.so.13",
-    "libcupti.so.12",
-    "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",
-    "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so",
-    "/usr/local/cuda-13.0/extras/CUPTI/lib64/libcupti.so",
+/// Where CUPTI may be, in order: `RINGCCL_TEST_CUPTI`, then the loader's search path, then every
+/// `libcupti.so*` in the CUDA toolkit's usual directories.
+const NAMES_ON_PATH: [&str; 3] = ["libcupti.so", "libcupti.so.13", "libcupti.so.12"];
+const TOOLKIT_DIRS: [&str; 4] = [
+    "/usr/local/cuda/extras/CUPTI/lib64",
+    "/usr/local/cuda/targets/x86_64-linux/lib",
+    "/usr/local/cuda-13.0/extras/CUPTI/lib64",
+    "/usr/local/cuda-13.0/targets/x86_64-linux/lib",
 ];
+
+/// The candidates of [`DriverCalls::load`], in order.
+fn candidates() -> Vec<String> {
+    let mut out: Vec<String> = std::env::var("RINGCCL_TEST_CUPTI").into_iter().collect();
+    out.extend(NAMES_ON_PATH.iter().map(|s| s.to_string()));
+    for dir in TOOLKIT_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut found: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().to_string_lossy().into_owned())
+            .filter(|p| {
+                p.rsplit('/')
+                    .next()
+                    .is_some_and(|f| f.starts_with("libcupti.so"))
+            })
+            .collect();
+        found.sort();
+        out.extend(found);
+    }
+    out
+}
 
 impl DriverCalls {
     /// Loads CUPTI and subscribes to the driver API's callbacks; an error names what failed
     /// (set `RINGCCL_TEST_CUPTI` to the library's path where it is elsewhere).
     pub fn load() -> Result<DriverCalls, String> {
-        let explicit = std::env::var("RINGCCL_TEST_CUPTI").ok();
         let mut tried = Vec::new();
-        let lib = explicit
+        let lib = candidates()
             .iter()
-            .map(String::as_str)
-            .chain(CANDIDATES)
             .find_map(|path| {
                 // SAFETY: loading CUPTI runs its initialisers, which only register with the
                 // driver.
