@@ -11,11 +11,10 @@
 //!    reduce-scatter and an in-place all-gather; graph B (thread-local mode): an all-reduce
 //!    (max) of another size;
 //! 2. tries what cannot be captured (relaxed mode): a 20 MiB all-reduce that needs more scratch
-//!    than there is, a reduce-scatter above the capture limit, a gather (point-to-point groups
-//!    are captured: `tests/p2p_kernel.rs`): each refused with
+//!    than there is, a reduce-scatter above the capture limit: each refused with
 //!    `InvalidArgument` on the stream, nothing captured, the communicator usable after; then
 //!    graph D: two all-reduces above the limit (25 and 36 MiB), captured as two-shot kernels
-//!    over chunks;
+//!    over chunks, an all-gather above the limit and a gather, as point-to-point groups;
 //! 3. 20 rounds: new inputs written into the captured buffers, A replayed, eager calls of the
 //!    captured and of other sizes (the ring), B and D replayed; every output checked exactly. At round
 //!    10 an eager 20 MiB all-reduce grows the scratch; graph C (relaxed mode) then captures
@@ -387,7 +386,8 @@ fn rank_captures() {
         TWOSHOT_MAX / 4 / n + 1,
         false,
     );
-    let send = stream.alloc_zeros::<f32>(64).expect("alloc");
+    let gathered: Vec<f32> = (0..64).map(|i| (r * 1000 + i) as f32).collect();
+    let send = stream.clone_htod(&gathered).expect("upload");
     let mut out = stream.alloc_zeros::<f32>(64 * n).expect("alloc");
     stream.synchronize().expect("synchronize");
     let refusals = capture(&stream, RELAXED, || {
@@ -402,17 +402,6 @@ fn rank_captures() {
             r,
             &format!("sizes up to {TWOSHOT_MAX} bytes can"),
             "a reduce-scatter above the limit",
-        );
-        let mut io = [if r == 0 {
-            Io::out_of_place(&send, &mut out)
-        } else {
-            Io::send_only(&send)
-        }];
-        assert_refused(
-            comm.gather(&mut io, 64, 0, &[&stream]),
-            r,
-            "cannot be captured into a CUDA graph in a job of processes",
-            "a gather",
         );
         Ok(())
     });
@@ -431,7 +420,8 @@ fn rank_captures() {
     );
 
     // Graph D: all-reduces above the limit, captured as two-shot kernels over chunks (every
-    // chunk within the first scratch: no eager call first).
+    // chunk within the first scratch: no eager call first); an all-gather above the limit and
+    // a gather, as point-to-point groups.
     let mut chunked = vec![
         Call::<f32>::new(
             &stream,
@@ -447,6 +437,13 @@ fn rank_captures() {
             (9 << 20) + 3,
             false,
         ),
+        Call::<f32>::new(
+            &stream,
+            n,
+            Kind::AllGather,
+            TWOSHOT_MAX / 4 / n + 1000,
+            false,
+        ),
     ];
     stream.synchronize().expect("synchronize");
     let graph_d = capture(&stream, RELAXED, || {
@@ -454,9 +451,18 @@ fn rank_captures() {
             c.issue(&comm, &stream)
                 .map_err(|e| format!("{}: {e}", c.name()))?;
         }
-        Ok(())
+        let mut io = [if r == 0 {
+            Io::out_of_place(&send, &mut out)
+        } else {
+            Io::send_only(&send)
+        }];
+        comm.gather(&mut io, 64, 0, &[&stream])
+            .map_err(|e| format!("gather: {e}"))
     })
-    .expect("graph D: all-reduces above the limit, in chunks");
+    .expect("graph D: all-reduces above the limit in chunks, an all-gather and a gather as groups");
+    let gather_want: Vec<f32> = (0..n)
+        .flat_map(|q| (0..64).map(move |i| (q * 1000 + i) as f32))
+        .collect();
 
     // 3. Twenty rounds.
     let mut graph_c: Option<CudaGraph> = None;
@@ -493,15 +499,22 @@ fn rank_captures() {
         for c in &mut chunked {
             c.fill(&stream, r, n, k + 1100);
         }
+        if r == 0 {
+            stream
+                .memset_zeros(&mut out)
+                .expect("clear the gather's output");
+        }
         graph_d.launch().expect("replay D");
         for c in &chunked {
-            bad += c.check(
-                &stream,
-                r,
-                n,
-                k + 1100,
-                &format!("replay {k} of D (chunks)"),
-            );
+            bad += c.check(&stream, r, n, k + 1100, &format!("replay {k} of D"));
+        }
+        if r == 0 {
+            let got = stream.clone_dtoh(&out).expect("download");
+            let wrong = got.iter().zip(&gather_want).filter(|(g, w)| g != w).count();
+            if wrong > 0 {
+                eprintln!("rank {r}: replay {k} of D: the gather has {wrong} wrong elements");
+            }
+            bad += wrong;
         }
         if k == 10 {
             // An eager call that grows the scratch (collective, between replays); then the

@@ -448,21 +448,8 @@ impl Communicator {
         };
         let split = p2p_kernel::split_large(&pops, &bufs, p.rank, limit);
         let kernel = match &p.net {
-            None if me.kernels.has_p2p() => {
-                let w = &call.state.windows;
-                let env = p2p_kernel::KernelEnv {
-                    rank: p.rank,
-                    bufs: w.p2p(),
-                    cap: gpu_kernels::p2p::channel_cap(w.two_shot_sms() as usize, p.nranks),
-                    ctl: self.health().ctl(),
-                    timeout_ns: self.health().timeout_ns(),
-                    slot: 0,
-                };
-                if w.p2p().len() == p.nranks {
-                    p2p_kernel::plan(&split.kernel, &split.kernel_bufs, &env)?
-                } else {
-                    None
-                }
+            None if me.kernels.has_p2p() && call.state.windows.p2p().len() == p.nranks => {
+                p2p_kernel::plan(&split.kernel, &split.kernel_bufs, &exec::p2p::kernel_env(&call))?
             }
             _ => None,
         };

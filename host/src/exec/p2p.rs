@@ -99,6 +99,59 @@ pub(crate) unsafe fn execute_kernel(
     call.state.order.record(stream, r)
 }
 
+/// Where this rank's point-to-point kernel finds its memory: the ranks' point-to-point
+/// buffers, the channel cap (the same on every rank) and the control block.
+pub(crate) fn kernel_env<'a>(call: &'a ProcessCall<'_>) -> crate::plan::p2p_kernel::KernelEnv<'a> {
+    let w = &call.state.windows;
+    crate::plan::p2p_kernel::KernelEnv {
+        rank: call.state.rank,
+        bufs: w.p2p(),
+        cap: gpu_kernels::p2p::channel_cap(w.two_shot_sms() as usize, call.state.sent.len()),
+        ctl: call.health.ctl(),
+        timeout_ns: call.health.timeout_ns(),
+        slot: 0,
+    }
+}
+
+/// Enqueues this rank's part of collective `c` (elements of `size` bytes, on the buffers
+/// `mine`, validated by the collective) as one point-to-point kernel group
+/// ([`crate::plan::p2p_kernel::collective_ops`]): how a gather, scatter, all-to-all or
+/// all-gather is captured into a CUDA graph where the two-shot kernel cannot take it. Refused
+/// before anything is enqueued where the communicator's groups cannot run on the kernel.
+pub(crate) fn collective(
+    call: &mut ProcessCall<'_>,
+    c: crate::plan::collective::Collective,
+    size: usize,
+    mine: super::RankPtrs,
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = (call.state.rank, call.state.sent.len());
+    let (ops, bufs) = crate::plan::p2p_kernel::collective_ops(c, r, n, size, (mine.send, mine.recv))?;
+    let planned = if call.me.kernels.has_p2p() && call.state.windows.p2p().len() == n {
+        crate::plan::p2p_kernel::plan(&ops, &bufs, &kernel_env(call))?
+    } else {
+        None
+    };
+    let Some(plan) = planned else {
+        return Err(Error::invalid(
+            Some(r),
+            crate::Arg::Stream,
+            format!(
+                "this {} cannot be captured into a CUDA graph in a job of processes: the \
+                 communicator's point-to-point groups do not run on the capturable kernel; call \
+                 it eagerly",
+                c.name()
+            ),
+        ));
+    };
+    // SAFETY: the plan's user addresses are this rank's buffers of the collective, validated
+    // by it to hold every block addressed (`collective_ops` stays inside them), receives
+    // overlapping no send; under capture the caller keeps them alive as with NCCL; the other
+    // addresses are the communicator's point-to-point buffers, mapped for its life (and a
+    // graph's).
+    unsafe { execute_kernel(call, &plan, stream) }
+}
+
 /// Orders `stream` after this rank's previous call (its context made current first).
 pub(crate) fn begin(call: &ProcessCall<'_>, stream: &CudaStream) -> Result<()> {
     let r = call.state.rank;

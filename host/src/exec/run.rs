@@ -104,6 +104,7 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
             let signal_free = |p: &CallPlan| match p {
                 CallPlan::ProcessShot { .. }
                 | CallPlan::ProcessShotChunks { .. }
+                | CallPlan::ProcessPeers { .. }
                 | CallPlan::ProcessLl { .. }
                 | CallPlan::ProcessLlGather { .. } => true,
                 CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
@@ -127,6 +128,13 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                     call.ensure_scratch(*scratch)?;
                     process::execute_chunks(&mut call, *shot, dtype, op, mine, (*count, *chunk), stream)
                 }),
+                CallPlan::ProcessPeers { collective } => {
+                    if !call.capturing {
+                        // `choose` takes it under capture only (eager calls run the ring).
+                        return Err(internal(format!("{plan:?} outside a CUDA-graph capture")));
+                    }
+                    track.all(&mut || super::p2p::collective(&mut call, *collective, dtype.size(), mine, stream))
+                }
                 CallPlan::ProcessLl { count } => track.all(&mut || {
                     if let Some(why) = ll::refusal(&call, dtype, *count, mine) {
                         // Nothing is launched: the peers' LL kernels end at their timeout.

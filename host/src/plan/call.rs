@@ -220,8 +220,10 @@ pub struct ProcessView<'a> {
     pub sms: &'a dyn Fn() -> u32,
     /// The rank's ring schedules for processes by call shape.
     pub plans: &'a PlanCache<ProcessPlan>,
-    /// Whether the stream is being captured into a CUDA graph: only the one-shot and two-shot
-    /// kernels can be ([`capture_limit`]); anything else is refused.
+    /// Whether the stream is being captured into a CUDA graph: only the kernels whose counters
+    /// live on the device can be (one-shot and two-shot up to [`capture_limit`], over chunks
+    /// above it: [`captured_chunks`]; the point-to-point kernel: [`captured_peers`]); anything
+    /// else is refused.
     pub capturing: bool,
 }
 
@@ -291,6 +293,14 @@ pub enum CallPlan {
         /// Scratch bytes every rank needs (one chunk's, [`scratch_for`]).
         scratch: usize,
     },
+    /// Processes, under CUDA-graph capture: a gather, scatter, all-to-all or all-gather the
+    /// two-shot kernel cannot take, as one group of the point-to-point kernel
+    /// (`plan::p2p_kernel::collective_ops`, `exec::p2p::collective`), whose counters live on
+    /// the device ([`captured_peers`]).
+    ProcessPeers {
+        /// The collective.
+        collective: Collective,
+    },
     /// Processes: this rank's LL push all-reduce (`gpu_kernels::ll`, `exec::ll`): one kernel
     /// that pushes the input, the flag inside each packet, into every peer's LL area and folds
     /// the peers' packets; one exchange per call, no staging copy.
@@ -352,6 +362,9 @@ impl std::fmt::Debug for CallPlan {
                 .field("chunk", chunk)
                 .field("scratch", scratch)
                 .finish(),
+            CallPlan::ProcessPeers { collective } => {
+                f.debug_struct("ProcessPeers").field("collective", collective).finish()
+            }
             CallPlan::ProcessLl { count } => f.debug_struct("ProcessLl").field("count", count).finish(),
             CallPlan::ProcessLlGather { sendcount } => {
                 f.debug_struct("ProcessLlGather").field("sendcount", sendcount).finish()
@@ -387,6 +400,7 @@ impl CallPlan {
             CallPlan::CopyEngine(_) => Algorithm::CopyEngine,
             CallPlan::Ring { .. }
             | CallPlan::ProcessRing { .. }
+            | CallPlan::ProcessPeers { .. }
             | CallPlan::Network(_)
             | CallPlan::Hybrid(_) => Algorithm::Ring,
         }
@@ -552,7 +566,7 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
         match capture_algorithm(c, max_bytes, n, config) {
             Some(a) => Some(a),
             None => {
-                return match captured_chunks(c, size, n, config, || (v.sms)()) {
+                return match captured_chunks(c, size, n, config, || (v.sms)()).or_else(|| captured_peers(c, n)) {
                     Some(plan) => Ok((plan, false)),
                     None => Err(not_capturable(call, v, config, "")),
                 }
@@ -651,11 +665,13 @@ pub fn ll_gather_fits(c: Collective, bytes: usize, nranks: usize, config: &Confi
 
 /// The largest call (bytes per rank; the larger buffer of the collectives but the all-reduce)
 /// of `c` that a rank of a job of `nranks` processes can capture into a CUDA graph with
-/// `config`, `None` where none can. Only the one-shot and two-shot kernels can be captured
-/// there: their barrier epochs live on the device and they stage through the exported scratch
-/// at fixed addresses, so a replay is right however many calls, eager or replayed, ran before.
-/// The ring through the scratch, the point-to-point groups and the network path number their
-/// signals on the host, and those numbers would be frozen into the graph. A job of one process
+/// `config` as one one-shot or two-shot kernel, `None` where none can: their barrier epochs
+/// live on the device and they stage through the exported scratch at fixed addresses, so a
+/// replay is right however many calls, eager or replayed, ran before. (Above it, some
+/// collectives are captured as several such kernels, [`captured_chunks`], or as a
+/// point-to-point kernel group, [`captured_peers`].) The ring through the scratch and the
+/// network path number their signals on the host, and those numbers would be frozen into the
+/// graph. A job of one process
 /// captures every collective at any size: its ring is a copy on its own buffers, with no signal.
 ///
 /// ```
@@ -741,6 +757,27 @@ pub fn captured_chunks(
     })
 }
 
+/// The plan of a gather, scatter, all-to-all or all-gather among `nranks` processes of one
+/// machine captured into a CUDA graph where the two-shot kernel cannot take it (its size, or
+/// a gather or scatter): one group of the point-to-point kernel, for 2 to its `MAX_RANKS`
+/// ranks; `None` otherwise.
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::{captured_peers, CallPlan};
+/// let g = Collective::Gather { sendcount: 4, root: 0 };
+/// assert!(matches!(captured_peers(g, 4), Some(CallPlan::ProcessPeers { .. })));
+/// assert!(captured_peers(g, 9).is_none());
+/// assert!(captured_peers(Collective::ReduceScatter { recvcount: 4 }, 4).is_none());
+/// ```
+pub fn captured_peers(c: Collective, nranks: usize) -> Option<CallPlan> {
+    let kind = matches!(
+        c,
+        Collective::Gather { .. } | Collective::Scatter { .. } | Collective::AllToAll { .. } | Collective::AllGather { .. }
+    );
+    (kind && (2..=gpu_kernels::p2p::MAX_RANKS).contains(&nranks)).then_some(CallPlan::ProcessPeers { collective: c })
+}
+
 /// The kernel a captured call of `c` (`bytes` per rank, as [`capture_limit`] counts them) runs
 /// among `nranks` processes: the one-shot or two-shot kernel, forced or by size, whatever
 /// [`Config::algorithm`] forces otherwise (the ring cannot be captured there); `None` where
@@ -770,23 +807,23 @@ fn not_capturable(call: &CallShape, v: &ProcessView<'_>, config: &Config, how: &
              signals are numbered on the host): call it eagerly"
         )
     } else {
+        let ranks = 2..=gpu_kernels::oneshot::MAX_RANKS.min(gpu_kernels::p2p::MAX_RANKS);
         match capture_limit(c, v.nranks, config) {
-            Some(max) => format!(
-                "{what} cannot be captured into a CUDA graph in a job of processes yet (sizes up \
-                 to {max} bytes can, RINGCCL_TWOSHOT_MAX_BYTES; all-reduces, broadcasts and \
-                 reduces of any size): call it eagerly, or split it"
-            ),
-            None if twoshot_of(c).is_none() => format!(
-                "{what} cannot be captured into a CUDA graph in a job of processes yet (all-reduce, \
-                 reduce-scatter, all-gather, all-to-all, broadcast and reduce up to {} bytes \
-                 can): call it eagerly",
-                config.twoshot_max_bytes
-            ),
-            None => format!(
+            _ if !ranks.contains(&v.nranks) => format!(
                 "{what} cannot be captured into a CUDA graph in a job of processes yet (jobs of 2 \
                  to {} processes can; this one has {}): call it eagerly",
-                gpu_kernels::oneshot::MAX_RANKS,
+                ranks.end(),
                 v.nranks
+            ),
+            Some(max) => format!(
+                "{what} cannot be captured into a CUDA graph in a job of processes yet (sizes up \
+                 to {max} bytes can, RINGCCL_TWOSHOT_MAX_BYTES; above that all-reduces, \
+                 broadcasts and reduces in chunks of that size, and all-gathers, all-to-alls, \
+                 gathers and scatters as point-to-point groups): call it eagerly, or split it"
+            ),
+            None => format!(
+                "{what} cannot be captured into a CUDA graph in a job of processes yet: call it \
+                 eagerly"
             ),
         }
     };

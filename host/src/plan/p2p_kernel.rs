@@ -232,6 +232,117 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
     Ok(Some(KernelPlan { args, copies }))
 }
 
+/// This rank's operations (and their buffers) of collective `c` run as one point-to-point
+/// group: how a gather, scatter, all-to-all or all-gather among processes is captured into a
+/// CUDA graph where the two-shot kernel cannot take it (the point-to-point kernel's counters
+/// live on the device). `send` and `recv` are this rank's validated buffers (0 where it has
+/// none), elements of `size` bytes. A copy of a rank's own block is left out where it is
+/// already in place; an in-place all-to-all (a block received over one being sent) is refused.
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::p2p::{Dir, P2pOp};
+/// use ringccl::internals::plan::p2p_kernel::collective_ops;
+/// // Rank 1 of 3 gathering 4 f32 (16 bytes) per rank at the root, rank 1.
+/// let (ops, bufs) = collective_ops(Collective::Gather { sendcount: 4, root: 1 }, 1, 3, 4, (0x100, 0x1000))?;
+/// assert_eq!(ops[0], P2pOp { dir: Dir::Recv, peer: 0, bytes: 16 });
+/// assert_eq!(bufs, vec![0x1000, 0x100, 0x1010, 0x1020]); // from 0, its own copy, from 2
+/// // In place at the root: its block is already there.
+/// let (ops, _) = collective_ops(Collective::Gather { sendcount: 4, root: 1 }, 1, 3, 4, (0x1010, 0x1000))?;
+/// assert_eq!(ops.len(), 2);
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn collective_ops(
+    c: crate::plan::collective::Collective,
+    rank: usize,
+    n: usize,
+    size: usize,
+    (send, recv): (u64, u64),
+) -> Result<(Vec<P2pOp>, Vec<u64>)> {
+    use crate::plan::collective::Collective as C;
+    let mut ops = Vec::new();
+    let mut bufs = Vec::new();
+    let mut op = |dir: Dir, peer: usize, bytes: usize, buf: u64| {
+        ops.push(P2pOp { dir, peer, bytes });
+        bufs.push(buf);
+    };
+    let at = |base: u64, block: usize, bytes: usize| base + (block * bytes) as u64;
+    // A copy of this rank's own `bytes` from `from` to `to`, unless they are one place.
+    let own = |op: &mut dyn FnMut(Dir, usize, usize, u64), from: u64, to: u64, bytes: usize| {
+        if from != to {
+            op(Dir::Send, rank, bytes, from);
+            op(Dir::Recv, rank, bytes, to);
+        }
+    };
+    match c {
+        C::Gather { sendcount, root } => {
+            let b = sendcount.saturating_mul(size);
+            if rank != root {
+                op(Dir::Send, root, b, send);
+            } else {
+                for q in 0..n {
+                    if q == rank {
+                        own(&mut op, send, at(recv, q, b), b);
+                    } else {
+                        op(Dir::Recv, q, b, at(recv, q, b));
+                    }
+                }
+            }
+        }
+        C::Scatter { recvcount, root } => {
+            let b = recvcount.saturating_mul(size);
+            if rank != root {
+                op(Dir::Recv, root, b, recv);
+            } else {
+                for q in 0..n {
+                    if q == rank {
+                        own(&mut op, at(send, q, b), recv, b);
+                    } else {
+                        op(Dir::Send, q, b, at(send, q, b));
+                    }
+                }
+            }
+        }
+        C::AllToAll { count_per_peer } => {
+            let b = count_per_peer.saturating_mul(size);
+            if send == recv {
+                return Err(Error::invalid(
+                    Some(rank),
+                    Arg::Recv,
+                    "an in-place all-to-all of this size cannot be captured into a CUDA graph in a \
+                     job of processes (each block would be received over one being sent): use \
+                     separate buffers, or call it eagerly",
+                ));
+            }
+            for q in 0..n {
+                if q == rank {
+                    own(&mut op, at(send, q, b), at(recv, q, b), b);
+                } else {
+                    op(Dir::Send, q, b, at(send, q, b));
+                    op(Dir::Recv, q, b, at(recv, q, b));
+                }
+            }
+        }
+        C::AllGather { sendcount } => {
+            let b = sendcount.saturating_mul(size);
+            for q in 0..n {
+                if q == rank {
+                    own(&mut op, send, at(recv, q, b), b);
+                } else {
+                    op(Dir::Send, q, b, send);
+                    op(Dir::Recv, q, b, at(recv, q, b));
+                }
+            }
+        }
+        other => {
+            return Err(Error::Internal {
+                reason: format!("a {} as a point-to-point group", other.name()),
+            })
+        }
+    }
+    Ok((ops, bufs))
+}
+
 /// A group cut in two by size ([`split_large`]): the operations that run on the kernel and
 /// those that go through the copy engines and the scratch ([`super::p2p`]), each with its
 /// buffers, in the group's order.

@@ -42,6 +42,7 @@ enum Want {
     ProcessLlGather,
     /// Chunks of this many elements.
     ProcessShotChunks(usize),
+    ProcessPeers,
     ProcessRing,
     Network(bool),
     Hybrid(bool),
@@ -139,6 +140,7 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
         }
         (Ok((CallPlan::ProcessLl { count: k }, new)), Want::ProcessLl) => *k == count && !*new,
         (Ok((CallPlan::ProcessLlGather { sendcount }, new)), Want::ProcessLlGather) => *sendcount == count && !*new,
+        (Ok((CallPlan::ProcessPeers { collective }, new)), Want::ProcessPeers) => collective.count() == count && !*new,
         (Ok((CallPlan::ProcessShotChunks { shot: Shot::Two { .. }, count: k, chunk, scratch }, new)), Want::ProcessShotChunks(c)) => {
             *k == count && chunk == c && *scratch <= crate::transport::ipc::MIN_SCRATCH_BYTES && !*new
         }
@@ -249,9 +251,12 @@ fn every_branch_of_the_choice() {
         ("captured all-gather: two-shot", C::AllGather { sendcount: small }, IN, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
         ("captured broadcast: two-shot", C::Broadcast { count: small, root: 1 }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), small * 4)),
         ("captured all-to-all: two-shot", C::AllToAll { count_per_peer: small }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllToAll, 2 * small, 2), 2 * small * 4)),
-        ("captured large all-gather: refused", C::AllGather { sendcount: big }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
-        ("captured gather: refused", C::Gather { sendcount: small, root: 0 }, OUT, pc2, d.clone(), Want::NotCapturable("all-reduce, reduce-scatter, all-gather, all-to-all, broadcast and reduce up to")),
-        ("captured scatter: refused", C::Scatter { recvcount: small, root: 0 }, OUT, pc2, d.clone(), Want::NotCapturable("up to 8388608 bytes can")),
+        ("captured large all-gather: a point-to-point group", C::AllGather { sendcount: big }, OUT, pc2, d.clone(), Want::ProcessPeers),
+        ("captured gather: a point-to-point group", C::Gather { sendcount: small, root: 0 }, OUT, pc2, d.clone(), Want::ProcessPeers),
+        ("captured scatter: a point-to-point group", C::Scatter { recvcount: big, root: 1 }, IN, Comm::ProcsCapturing(8), d.clone(), Want::ProcessPeers),
+        ("captured large all-to-all: a point-to-point group", C::AllToAll { count_per_peer: big }, OUT, Comm::ProcsCapturing(4), d.clone(), Want::ProcessPeers),
+        ("captured gather, nine ranks: refused", C::Gather { sendcount: small, root: 0 }, OUT, Comm::ProcsCapturing(9), d.clone(), Want::NotCapturable("jobs of 2")),
+        ("captured small scatter: a point-to-point group", C::Scatter { recvcount: small, root: 0 }, OUT, pc2, d.clone(), Want::ProcessPeers),
         ("captured, sixteen ranks: refused", C::AllReduce { count: small }, OUT, Comm::ProcsCapturing(16), d.clone(), Want::NotCapturable("jobs of 2 to 8 processes can")),
         ("captured, one rank: its ring (a copy)", C::AllReduce { count: big }, OUT, Comm::ProcsCapturing(1), d.clone(), Want::ProcessRing),
         ("captured gather, one rank: its ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::ProcsCapturing(1), d.clone(), Want::ProcessRing),

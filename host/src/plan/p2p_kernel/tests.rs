@@ -429,3 +429,117 @@ proptest::proptest! {
         }
     }
 }
+
+/// Every rank's `collective_ops` of a collective, the transfers carried out on the CPU (each
+/// pair's sends concatenated in order and poured into the receiver's buffers in order), and
+/// every rank's receive buffer compared with the collective's result.
+fn run_collective(c: crate::plan::collective::Collective, n: usize, in_place: bool) {
+    use crate::plan::collective::Collective as C;
+    use super::super::p2p::Dir;
+    let size = 4usize;
+    // Rank r's buffers: send at (r + 1) << 32, recv at (r + 1) << 32 | 1 << 28 (in place: the
+    // layouts ringccl's validation gives).
+    let (sc, rc) = match c {
+        C::Gather { sendcount, .. } | C::AllGather { sendcount } => (sendcount, n * sendcount),
+        C::Scatter { recvcount, .. } => (n * recvcount, recvcount),
+        C::AllToAll { count_per_peer } => (n * count_per_peer, n * count_per_peer),
+        _ => unreachable!(),
+    };
+    let base = |r: usize| ((r + 1) as u64) << 32;
+    let recv_at = |r: usize| base(r) | 1 << 28;
+    let mut mem: HashMap<u64, Vec<u8>> = HashMap::new();
+    let fill = |r: usize, i: usize| (r * 131 + i * 7 + 3) as u8;
+    let mut ptrs = Vec::new();
+    for r in 0..n {
+        let send: Vec<u8> = (0..sc * size).map(|i| fill(r, i)).collect();
+        let (s, rv) = match (c, in_place) {
+            (C::Gather { sendcount, root }, true) if r == root => (recv_at(r) + (r * sendcount * size) as u64, recv_at(r)),
+            (C::AllGather { sendcount }, true) => (recv_at(r) + (r * sendcount * size) as u64, recv_at(r)),
+            (C::Scatter { recvcount, root }, true) if r == root => (base(r), base(r) + (r * recvcount * size) as u64),
+            _ => (base(r), recv_at(r)),
+        };
+        let mut recv = vec![0u8; rc * size];
+        if s != base(r) {
+            // In place: the input sits inside the receive buffer.
+            let off = (s - recv_at(r)) as usize;
+            recv[off..off + sc * size].copy_from_slice(&send);
+        } else {
+            mem.insert(base(r), send);
+        }
+        if rv == recv_at(r) {
+            mem.insert(recv_at(r), recv);
+        }
+        ptrs.push((s, rv));
+    }
+    let find = |mem: &HashMap<u64, Vec<u8>>, addr: u64, len: usize| -> (u64, usize) {
+        for (&b, v) in mem {
+            if addr >= b && addr + len as u64 <= b + v.len() as u64 {
+                return (b, (addr - b) as usize);
+            }
+        }
+        panic!("{addr:#x}+{len} is in no buffer");
+    };
+    let ops: Vec<(Vec<P2pOp>, Vec<u64>)> = (0..n)
+        .map(|r| collective_ops(c, r, n, size, ptrs[r]).expect("the operations"))
+        .collect();
+    for p in 0..n {
+        for q in 0..n {
+            let mut stream = Vec::new();
+            for (o, &a) in ops[p].0.iter().zip(&ops[p].1) {
+                if o.dir == Dir::Send && o.peer == q {
+                    let (b, off) = find(&mem, a, o.bytes);
+                    stream.extend_from_slice(&mem[&b][off..off + o.bytes]);
+                }
+            }
+            let mut at = 0;
+            for (o, &a) in ops[q].0.iter().zip(&ops[q].1) {
+                if o.dir == Dir::Recv && o.peer == p {
+                    let (b, off) = find(&mem, a, o.bytes);
+                    mem.get_mut(&b).unwrap()[off..off + o.bytes].copy_from_slice(&stream[at..at + o.bytes]);
+                    at += o.bytes;
+                }
+            }
+            assert_eq!(at, stream.len(), "{c:?}: {p} sends {} bytes to {q}, which takes {at}", stream.len());
+        }
+    }
+    for (r, &(_, recv)) in ptrs.iter().enumerate() {
+        let (b, off) = find(&mem, recv, rc * size);
+        let got = &mem[&b][off..off + rc * size].to_vec();
+        let want: Option<Vec<u8>> = match c {
+            C::Gather { root, .. } if r != root => None,
+            C::Gather { sendcount, .. } | C::AllGather { sendcount } => {
+                Some((0..n).flat_map(|q| (0..sendcount * size).map(move |i| fill(q, i))).collect())
+            }
+            C::Scatter { recvcount, root } => Some((0..recvcount * size).map(|i| fill(root, r * recvcount * size + i)).collect()),
+            C::AllToAll { count_per_peer } => {
+                let b = count_per_peer * size;
+                Some((0..n).flat_map(|q| (0..b).map(move |i| fill(q, r * b + i))).collect())
+            }
+            _ => unreachable!(),
+        };
+        if let Some(want) = want {
+            assert_eq!(got, &want, "{c:?} in place {in_place}: rank {r}'s result");
+        }
+    }
+}
+
+#[test]
+fn collectives_as_point_to_point_groups_deliver_their_results() {
+    use crate::plan::collective::Collective as C;
+    for n in 2..=8 {
+        for count in [1, 5, 1000] {
+            for root in [0, n - 1] {
+                for in_place in [false, true] {
+                    run_collective(C::Gather { sendcount: count, root }, n, in_place);
+                    run_collective(C::Scatter { recvcount: count, root }, n, in_place);
+                }
+            }
+            run_collective(C::AllGather { sendcount: count }, n, false);
+            run_collective(C::AllGather { sendcount: count }, n, true);
+            run_collective(C::AllToAll { count_per_peer: count }, n, false);
+        }
+    }
+    // An in-place all-to-all is refused.
+    let e = collective_ops(C::AllToAll { count_per_peer: 4 }, 0, 2, 4, (0x1000, 0x1000)).unwrap_err();
+    assert!(e.to_string().contains("in-place all-to-all"), "{e}");
+}
