@@ -113,22 +113,75 @@ pub(crate) fn kernel_env<'a>(call: &'a ProcessCall<'_>) -> crate::plan::p2p_kern
     }
 }
 
-/// Enqueues this rank's part of collective `c` (elements of `size` bytes, on the buffers
-/// `mine`, validated by the collective) as one point-to-point kernel group
+/// Enqueues this rank's part of collective `c` (of `dtype`, on the buffers `mine`, validated
+/// by the collective) as one point-to-point kernel group
 /// ([`crate::plan::p2p_kernel::collective_ops`]): how a gather, scatter, all-to-all or
-/// all-gather is captured into a CUDA graph where the two-shot kernel cannot take it. Refused
-/// before anything is enqueued where the communicator's groups cannot run on the kernel.
+/// all-gather is captured into a CUDA graph where the two-shot kernel cannot take it; a
+/// reduce-scatter receives the peers' blocks into a temporary (allocated and freed on the
+/// stream) and reduces them with its own in rank order (`op`). Refused before anything is
+/// enqueued where the communicator's groups cannot run on the kernel.
 pub(crate) fn collective(
     call: &mut ProcessCall<'_>,
     c: crate::plan::collective::Collective,
-    size: usize,
+    (dtype, op): (crate::DataType, crate::RedOp),
     mine: super::RankPtrs,
     stream: &CudaStream,
 ) -> Result<()> {
     let (r, n) = (call.state.rank, call.state.sent.len());
+    let size = dtype.size();
+    if let crate::plan::collective::Collective::ReduceScatter { recvcount } = c {
+        return reduce_scatter(call, recvcount, (dtype, op), mine, stream);
+    }
     let (ops, bufs) = crate::plan::p2p_kernel::collective_ops(c, r, n, size, (mine.send, mine.recv))?;
+    kernel_group(call, c, &ops, &bufs, stream)
+}
+
+/// The reduce-scatter of [`collective`]: `recvcount` elements per block.
+fn reduce_scatter(
+    call: &mut ProcessCall<'_>,
+    recvcount: usize,
+    (dtype, op): (crate::DataType, crate::RedOp),
+    mine: super::RankPtrs,
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = (call.state.rank, call.state.sent.len());
+    let bytes = recvcount.saturating_mul(dtype.size());
+    let temps = super::premul::Temps::alloc(
+        vec![stream],
+        &[0],
+        &[r],
+        bytes.saturating_mul(n.saturating_sub(1)),
+    )?;
+    let temp = temps.ptrs().first().copied().unwrap_or(0);
+    let (ops, bufs, srcs) = crate::plan::p2p_kernel::reduce_scatter_parts(r, n, bytes, mine.send, temp);
+    let c = crate::plan::collective::Collective::ReduceScatter { recvcount };
+    kernel_group(call, c, &ops, &bufs, stream)?;
+    let cap = call.me.caps.for_traffic(crate::plan::tuning::Traffic::Local);
+    let prim = crate::driver::launch::Prim::Reduce {
+        srcs: &srcs,
+        dst: mine.recv,
+        postdiv: u32::try_from(n).unwrap_or(u32::MAX),
+    };
+    // SAFETY: the sources are this rank's own block of its validated send buffer and the
+    // peers' blocks in the temporary (`n - 1` blocks of `bytes`, written by the group above on
+    // this stream, freed after this kernel); the destination is its validated receive buffer,
+    // equal to its own block in place and disjoint from the rest.
+    unsafe { call.me.kernels.launch_prim(stream, dtype, op, prim, recvcount, cap) }?;
+    temps.free()
+}
+
+/// Plans `ops` (buffers `bufs`, this rank's part of `c`) on the point-to-point kernel and
+/// enqueues it.
+fn kernel_group(
+    call: &mut ProcessCall<'_>,
+    c: crate::plan::collective::Collective,
+    ops: &[crate::plan::p2p::P2pOp],
+    bufs: &[u64],
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = (call.state.rank, call.state.sent.len());
     let planned = if call.me.kernels.has_p2p() && call.state.windows.p2p().len() == n {
-        crate::plan::p2p_kernel::plan(&ops, &bufs, &kernel_env(call))?
+        crate::plan::p2p_kernel::plan(ops, bufs, &kernel_env(call))?
     } else {
         None
     };

@@ -133,7 +133,7 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                         // `choose` takes it under capture only (eager calls run the ring).
                         return Err(internal(format!("{plan:?} outside a CUDA-graph capture")));
                     }
-                    track.all(&mut || super::p2p::collective(&mut call, *collective, dtype.size(), mine, stream))
+                    track.all(&mut || super::p2p::collective(&mut call, *collective, (dtype, op), mine, stream))
                 }
                 CallPlan::ProcessLl { count } => track.all(&mut || {
                     if let Some(why) = ll::refusal(&call, dtype, *count, mine) {

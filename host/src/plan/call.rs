@@ -293,8 +293,9 @@ pub enum CallPlan {
         /// Scratch bytes every rank needs (one chunk's, [`scratch_for`]).
         scratch: usize,
     },
-    /// Processes, under CUDA-graph capture: a gather, scatter, all-to-all or all-gather the
-    /// two-shot kernel cannot take, as one group of the point-to-point kernel
+    /// Processes, under CUDA-graph capture: a gather, scatter, all-to-all, all-gather or
+    /// reduce-scatter (then a local reduction) the two-shot kernel cannot take, as one group of
+    /// the point-to-point kernel
     /// (`plan::p2p_kernel::collective_ops`, `exec::p2p::collective`), whose counters live on
     /// the device ([`captured_peers`]).
     ProcessPeers {
@@ -757,10 +758,11 @@ pub fn captured_chunks(
     })
 }
 
-/// The plan of a gather, scatter, all-to-all or all-gather among `nranks` processes of one
-/// machine captured into a CUDA graph where the two-shot kernel cannot take it (its size, or
-/// a gather or scatter): one group of the point-to-point kernel, for 2 to its `MAX_RANKS`
-/// ranks; `None` otherwise.
+/// The plan of a gather, scatter, all-to-all, all-gather or reduce-scatter among `nranks`
+/// processes of one machine captured into a CUDA graph where the two-shot kernel cannot take
+/// it (its size, or a gather or scatter): one group of the point-to-point kernel (a
+/// reduce-scatter's followed by a local reduction), for 2 to its `MAX_RANKS` ranks; `None`
+/// otherwise.
 ///
 /// ```
 /// use ringccl::internals::api::collective::Collective;
@@ -768,12 +770,16 @@ pub fn captured_chunks(
 /// let g = Collective::Gather { sendcount: 4, root: 0 };
 /// assert!(matches!(captured_peers(g, 4), Some(CallPlan::ProcessPeers { .. })));
 /// assert!(captured_peers(g, 9).is_none());
-/// assert!(captured_peers(Collective::ReduceScatter { recvcount: 4 }, 4).is_none());
+/// assert!(captured_peers(Collective::Broadcast { count: 4, root: 0 }, 4).is_none());
 /// ```
 pub fn captured_peers(c: Collective, nranks: usize) -> Option<CallPlan> {
     let kind = matches!(
         c,
-        Collective::Gather { .. } | Collective::Scatter { .. } | Collective::AllToAll { .. } | Collective::AllGather { .. }
+        Collective::Gather { .. }
+            | Collective::Scatter { .. }
+            | Collective::AllToAll { .. }
+            | Collective::AllGather { .. }
+            | Collective::ReduceScatter { .. }
     );
     (kind && (2..=gpu_kernels::p2p::MAX_RANKS).contains(&nranks)).then_some(CallPlan::ProcessPeers { collective: c })
 }
@@ -818,8 +824,8 @@ fn not_capturable(call: &CallShape, v: &ProcessView<'_>, config: &Config, how: &
             Some(max) => format!(
                 "{what} cannot be captured into a CUDA graph in a job of processes yet (sizes up \
                  to {max} bytes can, RINGCCL_TWOSHOT_MAX_BYTES; above that all-reduces, \
-                 broadcasts and reduces in chunks of that size, and all-gathers, all-to-alls, \
-                 gathers and scatters as point-to-point groups): call it eagerly, or split it"
+                 broadcasts and reduces in chunks of that size, the other collectives as \
+                 point-to-point groups): call it eagerly, or split it"
             ),
             None => format!(
                 "{what} cannot be captured into a CUDA graph in a job of processes yet: call it \

@@ -343,6 +343,43 @@ pub fn collective_ops(
     Ok((ops, bufs))
 }
 
+/// A reduce-scatter of `bytes` per block as a point-to-point group and a local reduction:
+/// this rank's operations (block `q` of `send` to each peer `q`, each peer's block `rank` into
+/// slot `q < rank ? q : q - 1` of `temp`, `(n - 1) * bytes` long) with their buffers, and the
+/// reduction's sources in rank order (its own block of `send`, the slots).
+///
+/// ```
+/// use ringccl::internals::plan::p2p::{Dir, P2pOp};
+/// use ringccl::internals::plan::p2p_kernel::reduce_scatter_parts;
+/// let (ops, bufs, srcs) = reduce_scatter_parts(1, 3, 16, 0x1000, 0x9000);
+/// assert_eq!(ops[0], P2pOp { dir: Dir::Send, peer: 0, bytes: 16 });
+/// assert_eq!(bufs, vec![0x1000, 0x9000, 0x1020, 0x9010]);
+/// assert_eq!(srcs, vec![0x9000, 0x1010, 0x9010]);
+/// ```
+pub fn reduce_scatter_parts(
+    rank: usize,
+    n: usize,
+    bytes: usize,
+    send: u64,
+    temp: u64,
+) -> (Vec<P2pOp>, Vec<u64>, Vec<u64>) {
+    let (mut ops, mut bufs, mut srcs) = (Vec::new(), Vec::new(), Vec::new());
+    let at = |base: u64, block: usize| base + (block * bytes) as u64;
+    for q in 0..n {
+        if q == rank {
+            srcs.push(at(send, q));
+            continue;
+        }
+        let slot = at(temp, if q < rank { q } else { q - 1 });
+        ops.push(P2pOp { dir: Dir::Send, peer: q, bytes });
+        bufs.push(at(send, q));
+        ops.push(P2pOp { dir: Dir::Recv, peer: q, bytes });
+        bufs.push(slot);
+        srcs.push(slot);
+    }
+    (ops, bufs, srcs)
+}
+
 /// A group cut in two by size ([`split_large`]): the operations that run on the kernel and
 /// those that go through the copy engines and the scratch ([`super::p2p`]), each with its
 /// buffers, in the group's order.

@@ -243,7 +243,7 @@ fn every_branch_of_the_choice() {
         ("captured large reduce: two-shot chunks", C::Reduce { count: big, root: 0 }, OUT, pc2, d.clone(), Want::ProcessShotChunks((8 << 20) / 4)),
         ("captured large all-reduce, two-shot off: refused", C::AllReduce { count: big }, OUT, pc2, Config { twoshot_max_bytes: 0, oneshot_max_bytes: 0, ..Config::default() }, Want::NotCapturable("sizes up to 0 bytes can")),
         ("captured large all-reduce, nine ranks: refused", C::AllReduce { count: big }, OUT, Comm::ProcsCapturing(9), d.clone(), Want::NotCapturable("jobs of 2")),
-        ("captured large reduce-scatter: refused", C::ReduceScatter { recvcount: big }, OUT, pc2, d.clone(), Want::NotCapturable("sizes up to 8388608 bytes can")),
+        ("captured large reduce-scatter: a point-to-point group and a reduction", C::ReduceScatter { recvcount: big }, OUT, pc2, d.clone(), Want::ProcessPeers),
         ("captured forced ring: two-shot all the same", C::AllReduce { count: mid }, OUT, pc2, forced(Algorithm::Ring), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("captured forced copy engines: LL", C::AllReduce { count: small }, OUT, pc2, forced(Algorithm::CopyEngine), Want::ProcessLl),
         ("captured forced two-shot above the limit: two-shot", C::AllReduce { count: big }, OUT, pc2, forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, big, 2), scratch_for(ts(TwoShotOf::AllReduce, big, 2), big * 4, 2).unwrap_or(0))),

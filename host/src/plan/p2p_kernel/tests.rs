@@ -543,3 +543,61 @@ fn collectives_as_point_to_point_groups_deliver_their_results() {
     let e = collective_ops(C::AllToAll { count_per_peer: 4 }, 0, 2, 4, (0x1000, 0x1000)).unwrap_err();
     assert!(e.to_string().contains("in-place all-to-all"), "{e}");
 }
+
+#[test]
+fn a_reduce_scatter_as_a_group_and_a_reduction_sums_every_block() {
+    use super::super::p2p::Dir;
+    for n in 2..=8usize {
+        let count = 37usize;
+        let bytes = count * 4;
+        let send_at = |r: usize| ((r + 1) as u64) << 32;
+        let temp_at = |r: usize| send_at(r) | 1 << 28;
+        let value = |r: usize, i: usize| (r * 1000 + i) as u32;
+        // Memory: every rank's send buffer (n blocks of u32) and temporary (n - 1 blocks).
+        let mut mem: HashMap<u64, Vec<u32>> = HashMap::new();
+        for r in 0..n {
+            mem.insert(send_at(r), (0..n * count).map(|i| value(r, i)).collect());
+            mem.insert(temp_at(r), vec![0; (n - 1) * count]);
+        }
+        let parts: Vec<_> = (0..n).map(|r| reduce_scatter_parts(r, n, bytes, send_at(r), temp_at(r))).collect();
+        let locate = |addr: u64| -> (u64, usize) {
+            let base = addr & !((1u64 << 28) - 1);
+            (base, ((addr - base) / 4) as usize)
+        };
+        for p in 0..n {
+            for q in 0..n {
+                let mut stream = Vec::new();
+                for (o, &a) in parts[p].0.iter().zip(&parts[p].1) {
+                    if o.dir == Dir::Send && o.peer == q {
+                        let (b, off) = locate(a);
+                        stream.extend_from_slice(&mem[&b][off..off + o.bytes / 4]);
+                    }
+                }
+                let mut at = 0;
+                for (o, &a) in parts[q].0.iter().zip(&parts[q].1) {
+                    if o.dir == Dir::Recv && o.peer == p {
+                        let (b, off) = locate(a);
+                        let len = o.bytes / 4;
+                        mem.get_mut(&b).unwrap()[off..off + len].copy_from_slice(&stream[at..at + len]);
+                        at += len;
+                    }
+                }
+                assert_eq!(at, stream.len(), "{n} ranks: {p} to {q}");
+            }
+        }
+        for (r, (_, _, srcs)) in parts.iter().enumerate() {
+            assert_eq!(srcs.len(), n);
+            for i in 0..count {
+                let got: u32 = srcs
+                    .iter()
+                    .map(|&s| {
+                        let (b, off) = locate(s);
+                        mem[&b][off + i]
+                    })
+                    .sum();
+                let want: u32 = (0..n).map(|q| value(q, r * count + i)).sum();
+                assert_eq!(got, want, "{n} ranks: rank {r} element {i}");
+            }
+        }
+    }
+}
