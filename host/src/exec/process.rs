@@ -526,10 +526,8 @@ pub(crate) fn execute_oneshot(
 }
 
 /// Enqueues an all-reduce, broadcast or reduce of `count` elements as consecutive kernels of
-/// `shot` over chunks of at most `chunk` elements ([`crate::plan::call::CallPlan::ProcessShotChunks`]):
-/// chunk `k` is the collective of elements `k * chunk ..` of both buffers (a buffer this rank
-/// does not have, address 0, stays 0). Every rank cuts the call alike, so the kernels' epochs
-/// advance alike.
+/// `shot` over chunks of at most `chunk` elements ([`crate::plan::call::CallPlan::ProcessShotChunks`],
+/// cut by [`chunks`]). Every rank cuts the call alike, so the kernels' epochs advance alike.
 pub(crate) fn execute_chunks(
     call: &mut ProcessCall<'_>,
     shot: super::oneshot::Shot,
@@ -542,19 +540,43 @@ pub(crate) fn execute_chunks(
     if chunk == 0 {
         return Err(internal("a chunked call with chunks of 0 elements".into()));
     }
-    let size = dtype.size() as u64;
-    let at = |base: u64, first: usize| if base == 0 { 0 } else { base + first as u64 * size };
-    let mut first = 0;
-    while first < count {
-        let len = chunk.min(count - first);
-        let part = RankPtrs {
-            send: at(mine.send, first),
-            recv: at(mine.recv, first),
-        };
+    for (part, len) in chunks(mine, count, chunk, dtype.size()) {
         execute_oneshot(call, shot, dtype, op, part, len, stream)?;
-        first += len;
     }
     Ok(())
+}
+
+/// The chunks of an elementwise call of `count` elements of `size` bytes on `mine`: chunk `k`
+/// is elements `k * chunk ..` of both buffers, at most `chunk` of them (a buffer the rank does
+/// not have, address 0, stays 0); none when `chunk` is 0.
+///
+/// ```
+/// use ringccl::internals::exec::process::chunks;
+/// use ringccl::internals::exec::RankPtrs;
+/// let mine = RankPtrs { send: 0x1000, recv: 0 };
+/// let c: Vec<_> = chunks(mine, 10, 4, 2).collect();
+/// assert_eq!(c.len(), 3);
+/// assert_eq!(c[1], (RankPtrs { send: 0x1008, recv: 0 }, 4));
+/// assert_eq!(c[2], (RankPtrs { send: 0x1010, recv: 0 }, 2));
+/// ```
+pub fn chunks(mine: RankPtrs, count: usize, chunk: usize, size: usize) -> impl Iterator<Item = (RankPtrs, usize)> {
+    let at = move |base: u64, first: usize| {
+        if base == 0 {
+            0
+        } else {
+            base + (first * size) as u64
+        }
+    };
+    let step = chunk.max(1);
+    (0..if chunk == 0 { 0 } else { count })
+        .step_by(step)
+        .map(move |first| {
+            let part = RankPtrs {
+                send: at(mine.send, first),
+                recv: at(mine.recv, first),
+            };
+            (part, chunk.min(count - first))
+        })
 }
 
 /// Largest one-shot all-reduce among processes whose kernel copies the input into the scratch
@@ -564,3 +586,26 @@ pub(crate) fn execute_chunks(
 pub const STAGE_IN_KERNEL_MAX_BYTES: usize = 64 << 10;
 
 pub use crate::plan::call::{scratch_for, twoshot_out_offset};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_call_once_in_order() {
+        for (count, chunk, size) in [(1, 1, 4), (10, 3, 2), (1 << 20, 1000, 4), (7, 100, 8), (0, 5, 4)] {
+            let mine = RankPtrs { send: 1 << 40, recv: 2 << 40 };
+            let mut next = 0usize;
+            for (part, len) in chunks(mine, count, chunk, size) {
+                assert!(len >= 1 && len <= chunk);
+                assert_eq!(part.send, mine.send + (next * size) as u64);
+                assert_eq!(part.recv - part.send, mine.recv - mine.send, "both buffers move alike");
+                next += len;
+            }
+            assert_eq!(next, count, "{count} elements in chunks of {chunk}");
+        }
+        assert_eq!(chunks(RankPtrs::default(), 10, 0, 4).count(), 0);
+        // A buffer the rank does not have stays 0.
+        assert!(chunks(RankPtrs { send: 0, recv: 64 }, 9, 4, 4).all(|(p, _)| p.send == 0));
+    }
+}
