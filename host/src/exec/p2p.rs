@@ -129,6 +129,9 @@ pub(crate) fn collective(
 ) -> Result<()> {
     let (r, n) = (call.state.rank, call.state.sent.len());
     let size = dtype.size();
+    if !(call.me.kernels.has_p2p() && call.state.windows.p2p().len() == n) {
+        return Err(not_on_the_kernel(r, c));
+    }
     if let crate::plan::collective::Collective::ReduceScatter { recvcount } = c {
         return reduce_scatter(call, recvcount, (dtype, op), mine, stream);
     }
@@ -170,6 +173,20 @@ fn reduce_scatter(
     temps.free()
 }
 
+/// The refusal of a collective whose point-to-point group cannot run on the kernel.
+fn not_on_the_kernel(rank: usize, c: crate::plan::collective::Collective) -> Error {
+    Error::invalid(
+        Some(rank),
+        crate::Arg::Stream,
+        format!(
+            "this {} cannot be captured into a CUDA graph in a job of processes: the \
+             communicator's point-to-point groups do not run on the capturable kernel; call it \
+             eagerly",
+            c.name()
+        ),
+    )
+}
+
 /// Plans `ops` (buffers `bufs`, this rank's part of `c`) on the point-to-point kernel and
 /// enqueues it.
 fn kernel_group(
@@ -186,16 +203,7 @@ fn kernel_group(
         None
     };
     let Some(plan) = planned else {
-        return Err(Error::invalid(
-            Some(r),
-            crate::Arg::Stream,
-            format!(
-                "this {} cannot be captured into a CUDA graph in a job of processes: the \
-                 communicator's point-to-point groups do not run on the capturable kernel; call \
-                 it eagerly",
-                c.name()
-            ),
-        ));
+        return Err(not_on_the_kernel(r, c));
     };
     // SAFETY: the plan's user addresses are this rank's buffers of the collective, validated
     // by it to hold every block addressed (`collective_ops` stays inside them), receives
