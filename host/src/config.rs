@@ -237,8 +237,10 @@ pub struct Config {
     /// peer and direction of a point-to-point group may add up to and still run on the
     /// point-to-point kernel (`gpu_kernels::p2p`); a larger transfer goes through the copy
     /// engines and the scratch, as in larger communicators. Under CUDA-graph capture every
-    /// transfer runs on the kernel (the copy-engine path cannot be captured). Must be the
-    /// same on every rank: the two sides of a transfer choose its path alike.
+    /// transfer runs on the kernel (the copy-engine path cannot be captured), so both sides of
+    /// a transfer above the limit must be captured or both eager (PyTorch captures on every
+    /// rank); a mismatch waits until the timeout. Must be the same on every rank: the two
+    /// sides of a transfer choose its path alike.
     pub p2p_kernel_max_bytes: usize,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between
