@@ -3,6 +3,8 @@
 //! rank's scratch, flags and device epochs). Where two calls come on the same stream, stream
 //! order already gives that, and the wait is left out: one driver call fewer per call.
 
+use std::cell::Cell;
+
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::driver::stream::{StreamIds, StreamKey};
@@ -29,13 +31,23 @@ pub struct CallOrder {
     /// The stream [`CallOrder::record`] last recorded `end` on; `None` before the first call,
     /// and when that stream has no key.
     on: Option<StreamKey>,
+    /// The key [`CallOrder::wait`] last asked the driver for, taken by the next
+    /// [`CallOrder::record`] on the same handle (one query per call, not two). A stale one
+    /// (its stream destroyed meanwhile) names an id no stream has any more: the next call
+    /// then waits, never skips wrongly.
+    asked: Cell<Option<StreamKey>>,
 }
 
 impl CallOrder {
     /// The order before the first call, around `end` (an event never recorded yet, or
     /// recorded only where nothing is pending).
     pub fn new(end: CudaEvent, ids: StreamIds) -> Self {
-        CallOrder { end, ids, on: None }
+        CallOrder {
+            end,
+            ids,
+            on: None,
+            asked: Cell::new(None),
+        }
     }
 
     /// The end of the previous call, for host waits and queries (a scratch growth, the
@@ -48,8 +60,12 @@ impl CallOrder {
     /// query when the previous call's end was recorded on this very stream, else
     /// `cuStreamWaitEvent` on it.
     pub fn wait(&self, stream: &CudaStream, rank: usize) -> Result<()> {
-        if self.on.is_some() && self.ids.key(stream) == self.on {
-            return Ok(());
+        if self.on.is_some() {
+            let key = self.ids.key(stream);
+            self.asked.set(key);
+            if key == self.on {
+                return Ok(());
+            }
         }
         stream
             .wait(&self.end)
@@ -63,7 +79,10 @@ impl CallOrder {
         self.end
             .record(stream)
             .map_err(|e| Error::cuda("cuEventRecord", Some(rank), e))?;
-        self.on = self.ids.key(stream);
+        self.on = match self.asked.take() {
+            Some(k) if k.0 == stream.cu_stream() as usize => Some(k),
+            _ => self.ids.key(stream),
+        };
         Ok(())
     }
 }
