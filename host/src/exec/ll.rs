@@ -38,8 +38,12 @@ pub(crate) fn gather_refusal(call: &ProcessCall<'_>, bytes: usize, mine: RankPtr
     ll_refusal(call.state.sent.len(), bytes, (mine.send, mine.recv), 1)
 }
 
-/// Every rank's LL area, in rank order.
-fn areas(call: &ProcessCall<'_>, n: usize) -> Result<[u64; MAX_RANKS]> {
+/// The start of an LL call's issue on `stream` among `n` ranks: every rank's LL area, in rank
+/// order, once the communicator is checked healthy and, eager, the stream ordered after the
+/// previous call. Captured, the previous call's end (an event recorded outside the capture) is
+/// not waited on, as for the one-shot kernel; the epoch lives in the LL area, so a replay meets
+/// the peers' replays whatever ran before.
+fn begin(call: &ProcessCall<'_>, stream: &CudaStream, n: usize) -> Result<[u64; MAX_RANKS]> {
     let mut areas = [0u64; MAX_RANKS];
     for (q, a) in areas.iter_mut().enumerate().take(n) {
         *a = call
@@ -47,6 +51,10 @@ fn areas(call: &ProcessCall<'_>, n: usize) -> Result<[u64; MAX_RANKS]> {
             .windows
             .ll_area(q)
             .ok_or_else(|| internal(format!("no LL area for rank {q}")))?;
+    }
+    call.health.check()?;
+    if !call.capturing {
+        call.state.order.wait(stream, call.state.rank)?;
     }
     Ok(areas)
 }
@@ -60,20 +68,11 @@ pub(crate) fn execute_gather(
     bytes: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    let (r, n) = (call.state.rank, call.state.sent.len());
-    if !(2..=MAX_RANKS).contains(&n) || r >= n {
-        return Err(internal(format!("LL all-gather of {n} ranks")));
-    }
+    let (r, n) = call.kernel_ranks("LL all-gather")?;
     if bytes == 0 {
         return Ok(());
     }
-    let areas = areas(call, n)?;
-    call.health.check()?;
-    let capturing = call.capturing;
-    // Captured, the previous call's end is not waited on (as for the all-reduce).
-    if !capturing {
-        call.state.order.wait(stream, r)?;
-    }
+    let areas = begin(call, stream, n)?;
     let args = LlGatherArgs {
         src: mine.send,
         dst: mine.recv,
@@ -116,24 +115,12 @@ pub(crate) fn execute(
     count: usize,
     stream: &CudaStream,
 ) -> Result<()> {
-    let st = &call.state;
-    let (r, n) = (st.rank, st.sent.len());
-    if !(2..=MAX_RANKS).contains(&n) || r >= n {
-        return Err(internal(format!("LL all-reduce of {n} ranks")));
-    }
+    let (r, n) = call.kernel_ranks("LL all-reduce")?;
     if count == 0 {
         return Ok(());
     }
-    let areas = areas(call, n)?;
-    call.health.check()?;
     call.me.kernels.ll_ready(dtype, op)?;
-    let capturing = call.capturing;
-    // Captured, the previous call's end (an event recorded outside the capture) is not waited
-    // on, as for the one-shot kernel; the epoch lives in the LL area, so a replay meets the
-    // peers' replays whatever ran before.
-    if !capturing {
-        st.order.wait(stream, r)?;
-    }
+    let areas = begin(call, stream, n)?;
     let dst = if mine.recv == 0 { mine.send } else { mine.recv };
     // The rank count, as the one-shot kernel has it (only `avg`'s finish uses it).
     let postdiv = u32::try_from(n).unwrap_or(u32::MAX);

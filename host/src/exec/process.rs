@@ -59,6 +59,16 @@ pub struct ProcessCall<'a> {
 }
 
 impl ProcessCall<'_> {
+    /// This rank and the job's size, checked for a kernel of 2 to `MAX_RANKS` ranks (`what`
+    /// names the kernel in the error).
+    pub fn kernel_ranks(&self, what: &str) -> Result<(usize, usize)> {
+        let (r, n) = (self.state.rank, self.state.sent.len());
+        if !(2..=gpu_kernels::oneshot::MAX_RANKS).contains(&n) || r >= n {
+            return Err(internal(format!("{what} of {n} ranks")));
+        }
+        Ok((r, n))
+    }
+
     /// Grows every rank's scratch to at least `bytes` if it is smaller (collective: every rank
     /// needs the same at the same call). Waits on the host for this rank's previous call first:
     /// its end means no peer still uses this rank's buffers and it no longer uses theirs.
@@ -356,11 +366,8 @@ pub(crate) fn execute_oneshot(
         }
         _ => Input::Staged,
     };
+    let (r, n) = call.kernel_ranks("one-shot all-reduce")?;
     let st = &call.state;
-    let (r, n) = (st.rank, st.sent.len());
-    if !(2..=MAX_RANKS).contains(&n) || r >= n {
-        return Err(internal(format!("one-shot all-reduce of {n} ranks")));
-    }
     if count == 0 {
         return Ok(());
     }
