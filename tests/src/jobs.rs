@@ -70,6 +70,24 @@ pub fn this_rank() -> Option<JobRank> {
     })
 }
 
+/// Rank `rank`'s GPU: `rank % gpus` (more ranks than GPUs share them, under MPS).
+pub fn gpu_of(rank: usize) -> usize {
+    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
+    rank % gpus.max(1)
+}
+
+/// Rank `rank`'s communicator of the job `id` of `nranks` ranks with `config`, on
+/// [`gpu_of`]`(rank)`. Panics if it cannot be made.
+pub fn join(
+    id: &UniqueId,
+    rank: usize,
+    nranks: usize,
+    config: ringccl::Config,
+) -> ringccl::Communicator {
+    ringccl::Communicator::init_rank_with_config(nranks, id, rank, gpu_of(rank), config)
+        .expect("init_rank")
+}
+
 /// Runs `test` of this binary as each of the `n` ranks of a new job (a new unique id; rank r
 /// with the job's variables and `extra(r)` in its environment), and panics unless every rank
 /// passes within `limit` (a rank still running then is killed). See [`run_ranks`].

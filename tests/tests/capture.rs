@@ -272,12 +272,10 @@ fn rank_captures() {
         println!("rank_captures runs as a rank of captured_calls_replay_across_processes' job");
         return;
     };
-    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
     config.twoshot_max_bytes = TWOSHOT_MAX;
-    let comm =
-        Communicator::init_rank_with_config(n, &id, r, r % gpus.max(1), config).expect("init_rank");
+    let comm = ringccl_tests::jobs::join(&id, r, n, config);
     let ctx = comm.context(r).clone();
     let stream = ctx.new_stream().expect("a stream of the test's own");
     let t0 = Instant::now();

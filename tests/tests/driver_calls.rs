@@ -231,10 +231,8 @@ fn rank_counts_driver_calls() {
     config.timeout = Some(Duration::from_secs(60));
     config.zero_copy_reads = true;
     config.ll_all_gather = true;
-    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
-    let ordinal = rank % gpus.max(1);
-    let comm =
-        Communicator::init_rank_with_config(n, &id, rank, ordinal, config).expect("init_rank");
+    let ordinal = ringccl_tests::jobs::gpu_of(rank);
+    let comm = ringccl_tests::jobs::join(&id, rank, n, config);
     comm.context(rank).bind_to_thread().expect("bind");
     let mut me = Counter {
         cupti,

@@ -301,11 +301,9 @@ fn rank_runs_ll() {
         println!("rank_runs_ll runs as a rank of ll_all_reduce_across_processes' job");
         return;
     };
-    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
-    let comm =
-        Communicator::init_rank_with_config(n, &id, r, r % gpus.max(1), config).expect("init_rank");
+    let comm = ringccl_tests::jobs::join(&id, r, n, config);
     let ctx = comm.context(r).clone();
     let streams: Vec<Arc<CudaStream>> = (0..3)
         .map(|_| ctx.new_stream().expect("a stream"))

@@ -442,14 +442,7 @@ fn rank_of_a_job() {
                 config.host_id = Some(format!("test-machine-{}", rank * m / n));
             }
             // More ranks than GPUs share them (two processes on a GPU run together under MPS).
-            let gpus =
-                cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
-            (
-                Communicator::init_rank_with_config(n, &id, rank, rank % gpus.max(1), config)
-                    .expect("init_rank"),
-                rank,
-                n,
-            )
+            (ringccl_tests::jobs::join(&id, rank, n, config), rank, n)
         }
         None => {
             let id = UniqueId::new().expect("a unique id");
@@ -637,8 +630,8 @@ fn rank_with_a_mismatched_call() {
         return;
     };
     // Two processes on one GPU share it (under MPS).
-    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
-    let comm = Communicator::init_rank(2, &id, rank, rank % gpus.max(1)).expect("init_rank");
+    let comm =
+        ringccl_tests::jobs::join(&id, rank, 2, ringccl::Config::from_env().expect("config"));
     assert!(comm.config().check_calls, "RINGCCL_CHECK_CALLS=1 expected");
     let job = Job { comm, rank, n: 2 };
     let s = [job.stream()];

@@ -172,10 +172,8 @@ fn rank_with_registered_buffers() {
     // The small calls would take the LL kernel, which reads every input in place anyway and
     // counts neither way: this test is about the one-shot kernel's published addresses.
     config.ll_max_bytes = 0;
-    let gpus = cudarc::driver::CudaContext::device_count().expect("the CUDA driver") as usize;
-    let ordinal = rank % gpus.max(1);
-    let comm =
-        Communicator::init_rank_with_config(n, &id, rank, ordinal, config).expect("init_rank");
+    let ordinal = ringccl_tests::jobs::gpu_of(rank);
+    let comm = ringccl_tests::jobs::join(&id, rank, n, config);
     comm.stream(rank).context().bind_to_thread().expect("bind");
     let me = Rank {
         comm,
