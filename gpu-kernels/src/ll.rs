@@ -148,15 +148,21 @@ pub const fn unpack(p: [u32; 4], flag: u32) -> Option<u64> {
 /// ```
 #[inline(always)]
 pub fn fold_lanes<T: Element, O: ReduceOp>(acc: u64, v: u64) -> u64 {
+    map_lanes::<T>(acc, v, O::combine)
+}
+
+/// `f` lane by lane over two payloads taken as `8 / size` elements of `T` (little-endian).
+#[inline(always)]
+fn map_lanes<T: Element>(a: u64, b: u64, f: impl Fn(T, T) -> T) -> u64 {
     let lanes = PACKET_PAYLOAD / T::SIZE;
     let bits = 8 * T::SIZE;
     let mask = u64::MAX >> (64 - bits);
     let mut out = 0u64;
     let mut l = 0;
     while l < lanes {
-        let a = T::from_raw(acc >> (bits * l));
-        let b = T::from_raw(v >> (bits * l));
-        out |= (O::combine(a, b).to_raw() & mask) << (bits * l);
+        let x = T::from_raw(a >> (bits * l));
+        let y = T::from_raw(b >> (bits * l));
+        out |= (f(x, y).to_raw() & mask) << (bits * l);
         l += 1;
     }
     out
@@ -172,17 +178,7 @@ pub fn fold_lanes<T: Element, O: ReduceOp>(acc: u64, v: u64) -> u64 {
 /// ```
 #[inline(always)]
 pub fn finish_lanes<T: Element, O: ReduceOp>(acc: u64, postdiv: u32) -> u64 {
-    let lanes = PACKET_PAYLOAD / T::SIZE;
-    let bits = 8 * T::SIZE;
-    let mask = u64::MAX >> (64 - bits);
-    let mut out = 0u64;
-    let mut l = 0;
-    while l < lanes {
-        let a = T::from_raw(acc >> (bits * l));
-        out |= (O::finish(a, postdiv).to_raw() & mask) << (bits * l);
-        l += 1;
-    }
-    out
+    map_lanes::<T>(acc, 0, |a, _| O::finish(a, postdiv))
 }
 
 #[cfg(target_arch = "nvptx64")]
@@ -273,6 +269,67 @@ mod dev {
         }
     }
 
+    /// Step 1 of a call, by thread `tid` of `threads`: its payloads `tid, tid + threads, …` of
+    /// `src` (`count` elements, `packets` payloads) as packets with `flag` into slot
+    /// `out_slot` of every peer's area.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn push<T: Element>(
+        src: *const T,
+        (count, packets, aligned): (usize, usize, bool),
+        areas: [*mut u8; MAX_RANKS],
+        (n, rank): (usize, usize),
+        out_slot: usize,
+        flag: u32,
+        (tid, threads): (usize, usize),
+    ) {
+        let mut i = tid;
+        // SAFETY: per the caller's contract (the kernels' own).
+        unsafe {
+            while i < packets {
+                let v = super::pack(load_payload(src, i, count, aligned), flag);
+                let mut q = 0;
+                while q < MAX_RANKS {
+                    if q < n && q != rank {
+                        let area = pick(areas, q);
+                        store_packet(area.add(out_slot + i * PACKET_BYTES), v);
+                    }
+                    q += 1;
+                }
+                i += threads;
+            }
+        }
+    }
+
+    /// Packet `i` of slot `(parity, q)` of this rank's area `mine`, once it carries `flag`;
+    /// `None` if the wait gave up (its status written, like every wait's).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn take(
+        mine: *mut u8,
+        (parity, q, i): (usize, usize, usize),
+        flag: u32,
+        ctl: *mut u64,
+        timeout_ns: u64,
+        rank: usize,
+    ) -> Option<u64> {
+        let mut polls = 0u32;
+        let mut clock = (0u64, 32u32);
+        // SAFETY: packet `i` of slot `(parity, q)` lies in this rank's area (the caller's
+        // contract).
+        unsafe {
+            let p = mine.add(slot_offset(parity, q) + i * PACKET_BYTES);
+            loop {
+                if let Some(v) = super::unpack(load_packet(p), flag) {
+                    return Some(v);
+                }
+                if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, rank, q) {
+                    return None;
+                }
+            }
+        }
+    }
+
     /// The kernel body of `ringccl_ll_{op}_{ty}` (see the module docs).
     ///
     /// # Safety
@@ -316,20 +373,15 @@ mod dev {
             let out_slot = slot_offset(parity, rank);
 
             // 1. Push: my payloads into slot (parity, rank) of every peer.
-            let mut i = tid;
-            while i < packets {
-                let raw = load_payload(src, i, count, aligned);
-                let v = super::pack(raw, flag);
-                let mut q = 0;
-                while q < MAX_RANKS {
-                    if q < n && q != rank {
-                        let area = pick(areas, q);
-                        store_packet(area.add(out_slot + i * PACKET_BYTES), v);
-                    }
-                    q += 1;
-                }
-                i += threads;
-            }
+            push(
+                src,
+                (count, packets, aligned),
+                areas,
+                (n, rank),
+                out_slot,
+                flag,
+                (tid, threads),
+            );
 
             // 2. Receive and fold in rank order.
             let mut i = tid;
@@ -342,22 +394,14 @@ mod dev {
                     let v = if q == rank {
                         own
                     } else {
-                        let p = mine.add(slot_offset(parity, q) + i * PACKET_BYTES);
-                        let mut polls = 0u32;
-                        let mut clock = (0u64, 32u32);
-                        loop {
-                            if let Some(v) = super::unpack(load_packet(p), flag) {
-                                break v;
-                            }
-                            if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, rank, q) {
+                        match take(mine, (parity, q, i), flag, ctl, timeout_ns, rank) {
+                            Some(v) => v,
+                            None => {
                                 failed = true;
-                                break 0;
+                                break;
                             }
                         }
                     };
-                    if failed {
-                        break;
-                    }
                     acc = if q == 0 {
                         v
                     } else {
@@ -419,19 +463,15 @@ mod dev {
             let out_slot = slot_offset(parity, rank);
 
             // 1. Push: my payloads into slot (parity, rank) of every peer.
-            let mut i = tid;
-            while i < packets {
-                let v = super::pack(load_payload(src, i, bytes, aligned), flag);
-                let mut q = 0;
-                while q < MAX_RANKS {
-                    if q < n && q != rank {
-                        let area = pick(areas, q);
-                        store_packet(area.add(out_slot + i * PACKET_BYTES), v);
-                    }
-                    q += 1;
-                }
-                i += threads;
-            }
+            push(
+                src,
+                (bytes, packets, aligned),
+                areas,
+                (n, rank),
+                out_slot,
+                flag,
+                (tid, threads),
+            );
 
             // 2. Every rank's payloads into its block of the output.
             let mut i = tid;
@@ -442,22 +482,14 @@ mod dev {
                     let v = if q == rank {
                         load_payload(src, i, bytes, aligned)
                     } else {
-                        let p = mine.add(slot_offset(parity, q) + i * PACKET_BYTES);
-                        let mut polls = 0u32;
-                        let mut clock = (0u64, 32u32);
-                        loop {
-                            if let Some(v) = super::unpack(load_packet(p), flag) {
-                                break v;
-                            }
-                            if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, rank, q) {
+                        match take(mine, (parity, q, i), flag, ctl, timeout_ns, rank) {
+                            Some(v) => v,
+                            None => {
                                 failed = true;
-                                break 0;
+                                break;
                             }
                         }
                     };
-                    if failed {
-                        break;
-                    }
                     store_payload(dst.add(q * bytes), i, bytes, v, aligned);
                     q += 1;
                 }
