@@ -75,10 +75,15 @@ type Unsubscribe = unsafe extern "C" fn(*mut c_void) -> i32;
 
 /// CUPTI, loaded and subscribed to the driver API's callbacks (one subscriber per process:
 /// make one [`DriverCalls`] and count with it).
+///
+/// Dropping it ends the subscription but leaves CUPTI loaded for the rest of the process: CUPTI
+/// stays attached to the driver once loaded (its exit handlers and the driver's hooks into it
+/// outlive the subscription), and unloading it made a rank's process end in SIGSEGV after its
+/// last test had passed (one H200, two processes under MPS).
 pub struct DriverCalls {
     subscriber: *mut c_void,
     unsubscribe: Unsubscribe,
-    _lib: libloading::Library,
+    _lib: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 /// Driver calls by function name (`cuLaunchKernel`, `cuEventRecord`, …) and how many times
@@ -201,7 +206,7 @@ impl DriverCalls {
         Ok(DriverCalls {
             subscriber,
             unsubscribe,
-            _lib: lib,
+            _lib: std::mem::ManuallyDrop::new(lib),
         })
     }
 
