@@ -1,5 +1,7 @@
 // Host cost of the driver calls a collective's host path issues (a launch, an event record, a
-// stream wait on an event, a stream memory write), and the round trip of a flag between two
+// stream wait on an event, a stream memory write; the queries of a call's validation and
+// plan: cuCtxGetCurrent, cuStreamGetCtx, cuStreamGetId, cuStreamGetCaptureInfo_v3,
+// cuPointerGetAttributes with the three attributes ringccl asks per buffer), and the round trip of a flag between two
 // blocks of one GPU through L2 (the floor of a flag exchange between ranks sharing a GPU).
 // Build and run on the GPU machine (twice at once under MPS to see two processes' cost):
 //   nvcc -O2 -arch=sm_90 -o host_cost scripts/probes/host_cost.cu -lcuda && ./host_cost
@@ -28,6 +30,7 @@ int main(int argc, char **argv) {
   cudaStream_t s, s2; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
   cudaEvent_t ev; CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   unsigned long long *word; CK(cudaMalloc(&word, 64));
+  void *out0; CK(cudaMalloc(&out0, 4096));
   for (int i = 0; i < 1000; i++) empty<<<1, 32, 0, s>>>();
   CK(cudaStreamSynchronize(s));
   double t;
@@ -37,8 +40,25 @@ int main(int argc, char **argv) {
   t = now(); for (int i = 0; i < n; i++) { CK(cudaEventRecord(ev, s)); } double d = (now() - t) / n; CK(cudaStreamSynchronize(s));
   t = now(); for (int i = 0; i < n; i++) { CD(cuStreamWriteValue64((CUstream)s, (CUdeviceptr)word, i, 0)); } double e = (now() - t) / n; CK(cudaStreamSynchronize(s));
   t = now(); for (int i = 0; i < n; i++) { cudaStream_t x = (i & 1) ? s2 : s; CK(cudaStreamWaitEvent(x, ev, 0)); empty<<<1, 32, 0, x>>>(); CK(cudaEventRecord(ev, x)); } double g = (now() - t) / n; CK(cudaDeviceSynchronize());
-  // device time of back-to-back empty kernels (GPU-bound check): graph of 100 launches
   printf("host_us launch=%.2f launch+record=%.2f wait+launch+record=%.2f record=%.2f writevalue64=%.2f alt_streams_wait+launch+record=%.2f\n", a, b, c, d, e, g);
+  // The queries of one call (as ringccl makes them: the context, the stream's context, id and
+  // capture state, and the three pointer attributes of each buffer).
+  CUcontext cx; CUstream cs = (CUstream)s; unsigned long long sid;
+  CUpointer_attribute at[3] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  CUcontext pc; CUmemoryPool pool; int ord; void *pd[3] = {&pc, &pool, &ord};
+  CUstreamCaptureStatus st; cuuint64_t cid; CUgraph gr; const CUgraphNode *deps; const CUgraphEdgeData *edges; size_t nd;
+  t = now(); for (int i = 0; i < n; i++) CD(cuCtxGetCurrent(&cx)); double q1 = (now() - t) / n;
+  t = now(); for (int i = 0; i < n; i++) CD(cuStreamGetCtx(cs, &cx)); double q2 = (now() - t) / n;
+  t = now(); for (int i = 0; i < n; i++) CD(cuStreamGetId(cs, &sid)); double q3 = (now() - t) / n;
+  t = now(); for (int i = 0; i < n; i++) CD(cuStreamGetCaptureInfo(cs, &st, &cid, &gr, &deps, &edges, &nd)); double q4 = (now() - t) / n;
+  t = now(); for (int i = 0; i < n; i++) CD(cuPointerGetAttributes(3, at, pd, (CUdeviceptr)word)); double q5 = (now() - t) / n;
+  t = now(); for (int i = 0; i < n; i++) {
+    CD(cuCtxGetCurrent(&cx)); CD(cuStreamGetCtx(cs, &cx)); CD(cuStreamGetId(cs, &sid));
+    CD(cuStreamGetCaptureInfo(cs, &st, &cid, &gr, &deps, &edges, &nd));
+    CD(cuPointerGetAttributes(3, at, pd, (CUdeviceptr)word)); CD(cuPointerGetAttributes(3, at, pd, (CUdeviceptr)out0));
+    empty<<<1, 32, 0, s>>>(); CK(cudaEventRecord(ev, s));
+  } double q6 = (now() - t) / n; CK(cudaStreamSynchronize(s));
+  printf("host_us ctx_get_current=%.3f stream_get_ctx=%.3f stream_get_id=%.3f stream_get_capture_info=%.3f pointer_get_attributes3=%.3f ringccl_call_shape=%.2f\n", q1, q2, q3, q4, q5, q6);
   unsigned long long *out; CK(cudaMalloc(&out, 8)); CK(cudaMemset(word, 0, 64));
   int iters = 10000;
   pingpong<<<2, 1, 0, s>>>(word, iters, out); CK(cudaStreamSynchronize(s));
