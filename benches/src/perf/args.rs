@@ -103,6 +103,10 @@ pub struct Options {
     /// (-G 1 implies it)
     #[arg(long = "untracked")]
     pub untracked: bool,
+    /// Register ringccl's buffers with the communicator (Communicator::register, as
+    /// ncclCommRegister) before a sweep: zero-copy where RINGCCL_ZERO_COPY_READS=1 allows
+    #[arg(long = "register")]
+    pub register: bool,
     /// Root rank of broadcast and reduce
     #[arg(long, value_name = "R", default_value = "0", value_parser = parse_count)]
     pub root: usize,

@@ -64,7 +64,7 @@ pub fn tool_env(env: &LaunchEnv) -> Result<LaunchEnv, String> {
 }
 
 /// One rank's result of one measurement, as the ranks exchange it.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
     /// Wrong elements over the check iterations (`None`: not checked).
     pub wrong: Option<usize>,
@@ -72,8 +72,23 @@ pub struct Outcome {
     pub times: Vec<f64>,
     /// Whether the times come from CUDA-graph replays.
     pub graph: bool,
+    /// Host time per call of the timed eager loop (the call and the timing event's record,
+    /// microseconds, wall clock); NaN where not measured (graph replays, failures).
+    pub host_us: f64,
     /// Why the measurement failed.
     pub error: Option<String>,
+}
+
+impl Default for Outcome {
+    fn default() -> Outcome {
+        Outcome {
+            wrong: None,
+            times: Vec::new(),
+            graph: false,
+            host_us: f64::NAN,
+            error: None,
+        }
+    }
 }
 
 impl Outcome {
@@ -85,12 +100,14 @@ impl Outcome {
         }
     }
 
-    /// The bytes: wrong (u64, `u64::MAX` for none), graph (u8), the number of times (u32)
-    /// and each time's bits (u64), then the error's UTF-8 text after a flag byte. Big-endian.
+    /// The bytes: wrong (u64, `u64::MAX` for none), graph (u8), the host time's bits (u64),
+    /// the number of times (u32) and each time's bits (u64), then the error's UTF-8 text after
+    /// a flag byte. Big-endian.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(14 + 8 * self.times.len());
+        let mut v = Vec::with_capacity(22 + 8 * self.times.len());
         v.extend_from_slice(&self.wrong.map_or(u64::MAX, |w| w as u64).to_be_bytes());
         v.push(u8::from(self.graph));
+        v.extend_from_slice(&self.host_us.to_bits().to_be_bytes());
         v.extend_from_slice(&(self.times.len() as u32).to_be_bytes());
         for t in &self.times {
             v.extend_from_slice(&t.to_bits().to_be_bytes());
@@ -123,11 +140,12 @@ impl Outcome {
             1 => true,
             _ => return Err(bad()),
         };
+        let host_us = f64::from_bits(u64_at(9)?);
         let mut k = [0u8; 4];
-        k.copy_from_slice(take(9, 4)?);
+        k.copy_from_slice(take(17, 4)?);
         let k = u32::from_be_bytes(k) as usize;
         let mut times = Vec::with_capacity(k.min(b.len() / 8));
-        let mut at = 13;
+        let mut at = 21;
         for _ in 0..k {
             times.push(f64::from_bits(u64_at(at)?));
             at += 8;
@@ -141,6 +159,7 @@ impl Outcome {
             wrong,
             times,
             graph,
+            host_us,
             error,
         })
     }
@@ -171,7 +190,8 @@ pub fn slowest(per_rank: &[Vec<f64>]) -> Result<Vec<f64>, String> {
 
 /// Every rank's outcome (in rank order) as one: the first failure, named by its rank (and how
 /// many other ranks failed); otherwise the sum of the wrong elements, the slowest rank's time
-/// of each sample, and graph timing only if every rank replayed graphs.
+/// of each sample, the slowest rank's host time per call (NaN if any rank has none), and graph
+/// timing only if every rank replayed graphs.
 pub fn combine(parts: &[Outcome]) -> Outcome {
     let failed: Vec<(usize, &String)> = parts
         .iter()
@@ -195,10 +215,16 @@ pub fn combine(parts: &[Outcome]) -> Outcome {
         .iter()
         .filter_map(|p| p.wrong)
         .reduce(|a, b| a.saturating_add(b));
+    let host_us = if parts.iter().any(|p| p.host_us.is_nan()) {
+        f64::NAN
+    } else {
+        parts.iter().map(|p| p.host_us).fold(f64::NAN, f64::max)
+    };
     Outcome {
         wrong,
         times,
         graph: !parts.is_empty() && parts.iter().all(|p| p.graph),
+        host_us,
         error: None,
     }
 }
@@ -399,17 +425,24 @@ mod tests {
             wrong: Some(0),
             times: vec![10.0, 12.0],
             graph: true,
+            host_us: 4.5,
             error: None,
         };
         let b = Outcome {
             wrong: Some(3),
             times: vec![11.0, 9.0],
             graph: false,
+            host_us: 6.0,
             error: None,
         };
         let c = combine(&[a.clone(), b.clone()]);
         assert_eq!(c.wrong, Some(3));
         assert_eq!(c.times, vec![11.0, 12.0]);
+        // The slowest rank's host time; none where a rank has none.
+        assert_eq!(c.host_us, 6.0);
+        let mut none = b.clone();
+        none.host_us = f64::NAN;
+        assert!(combine(&[a.clone(), none]).host_us.is_nan());
         assert!(!c.graph && c.error.is_none());
         assert!(combine(&[a.clone(), a.clone()]).graph);
         // Not checked.
@@ -440,6 +473,7 @@ mod tests {
                 wrong: Some(7),
                 times: vec![1.5, f64::NAN, 1e-9, f64::INFINITY],
                 graph: true,
+                host_us: 5.25,
                 error: None,
             },
             Outcome::failed("CUDA_ERROR_OUT_OF_MEMORY on rank 1 \u{e9}".into()),
@@ -450,12 +484,14 @@ mod tests {
                 (back.wrong, back.graph, &back.error),
                 (o.wrong, o.graph, &o.error)
             );
+            assert_eq!(back.host_us.to_bits(), o.host_us.to_bits());
         }
         // Malformed bytes are errors, not panics.
         let good = Outcome {
             wrong: Some(1),
             times: vec![2.0],
             graph: false,
+            host_us: 3.0,
             error: None,
         }
         .encode();
@@ -469,7 +505,7 @@ mod tests {
         bad_graph[8] = 2;
         assert!(Outcome::decode(&bad_graph).is_err());
         let mut huge = good;
-        huge[9..13].copy_from_slice(&u32::MAX.to_be_bytes());
+        huge[17..21].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(Outcome::decode(&huge).is_err());
     }
 
@@ -502,6 +538,7 @@ mod tests {
                                 wrong: Some(rank),
                                 times: vec![1.0 + rank as f64, 5.0 - rank as f64],
                                 graph: false,
+                                host_us: 4.0 + rank as f64,
                                 error: None,
                             };
                             let all = w.combine(&mine)?;
@@ -522,6 +559,7 @@ mod tests {
             assert_eq!(n, 2);
             assert_eq!(all.times, vec![2.0, 5.0]);
             assert_eq!(all.wrong, Some(1));
+            assert_eq!(all.host_us, 5.0);
             assert_eq!(agreed, Err("rank 1: out of memory".into()));
         }
     }

@@ -36,6 +36,11 @@ pub struct Record {
     /// Mean per-iteration time, microseconds.
     #[serde(serialize_with = "finite")]
     pub time_us_mean: f64,
+    /// Host wall time per call of the timed eager loop (the call and the timing event's
+    /// record; the slowest rank's), microseconds: when it is close to `time_us`, the calls are
+    /// bound by their issue on the host, not by the GPU. `null` for graph replays.
+    #[serde(serialize_with = "finite")]
+    pub host_us: f64,
     /// GB/s (1e9 bytes per second).
     #[serde(serialize_with = "finite")]
     pub algbw: f64,
@@ -320,6 +325,7 @@ mod tests {
             time_us: 12.5,
             time_us_min: 11.0,
             time_us_mean: 12.75,
+            host_us: 9.5,
             algbw: busbw / 1.5,
             busbw,
             wrong: Some(0),
@@ -357,7 +363,7 @@ mod tests {
     }
 
     /// The fields, in order, that the JSON objects and the CSV header have.
-    const FIELDS: [&str; 19] = [
+    const FIELDS: [&str; 20] = [
         "collective",
         "dtype",
         "op",
@@ -369,6 +375,7 @@ mod tests {
         "time_us",
         "time_us_min",
         "time_us_mean",
+        "host_us",
         "algbw",
         "busbw",
         "wrong",
@@ -386,7 +393,7 @@ mod tests {
             j,
             "{\"collective\":\"all_reduce\",\"dtype\":\"f32\",\"op\":\"sum\",\"root\":null,\
              \"bytes\":1024,\"count\":256,\"lib\":\"ringccl\",\"inplace\":false,\
-             \"time_us\":12.5,\"time_us_min\":11.0,\"time_us_mean\":12.75,\"algbw\":2.0,\
+             \"time_us\":12.5,\"time_us_min\":11.0,\"time_us_mean\":12.75,\"host_us\":9.5,\"algbw\":2.0,\
              \"busbw\":3.0,\"wrong\":0,\"ngpus\":4,\"graph\":false,\"samples\":20,\"error\":null,\
              \"procs\":1}"
         );

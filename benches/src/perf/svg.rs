@@ -228,6 +228,7 @@ mod tests {
             time_us: 1.0,
             time_us_min: 1.0,
             time_us_mean: 1.0,
+            host_us: f64::NAN,
             algbw: busbw,
             busbw,
             wrong: Some(0),

@@ -186,6 +186,23 @@ impl Bench<'_> {
             Ok(bufs)
         })();
         let mut bufs = self.agree(alloc)?;
+        // `--register`: every rank registers its send and receive buffers, in the same order
+        // (collective), for the whole sweep; dropped (deregistered) in the same order before
+        // the buffers are freed.
+        let comm = self.comm;
+        let registered = if self.opts.register && self.ringccl {
+            let regs = (|| -> Result<Vec<ringccl::Registered<'_>>, String> {
+                let mut regs = Vec::new();
+                for (a, b) in bufs.a.iter().zip(&bufs.b) {
+                    regs.push(comm.register(a).map_err(|e| format!("register: {e}"))?);
+                    regs.push(comm.register(b).map_err(|e| format!("register: {e}"))?);
+                }
+                Ok(regs)
+            })();
+            self.agree(regs)?
+        } else {
+            Vec::new()
+        };
         let tname = nccl_dtype_name(T::DTYPE);
         let both = self.libs().len() == 2;
         for &op in ops {
@@ -249,6 +266,7 @@ impl Bench<'_> {
         }
         // Nothing may still use the buffers when they are freed.
         self.sync()?;
+        drop(registered);
         Ok(())
     }
 
@@ -306,6 +324,7 @@ impl Bench<'_> {
             time_us: f64::NAN,
             time_us_min: f64::NAN,
             time_us_mean: f64::NAN,
+            host_us: f64::NAN,
             algbw: f64::NAN,
             busbw: f64::NAN,
             wrong: None,
@@ -316,7 +335,7 @@ impl Bench<'_> {
             procs: self.world.map_or(1, World::nranks),
         };
         let mut checked = None;
-        let result = (|| -> Result<(Vec<f64>, bool), String> {
+        let result = (|| -> Result<(Vec<f64>, bool, f64), String> {
             if self.opts.check_iters > 0 {
                 let mut wrong = 0;
                 for _ in 0..self.opts.check_iters {
@@ -329,10 +348,11 @@ impl Bench<'_> {
             self.time(lib, kind, shape, op, inplace, bufs)
         })();
         let mine = match result {
-            Ok((times, graph)) => Outcome {
+            Ok((times, graph, host_us)) => Outcome {
                 wrong: checked,
                 times,
                 graph,
+                host_us,
                 error: None,
             },
             Err(e) => {
@@ -354,6 +374,7 @@ impl Bench<'_> {
             None => {
                 timed(&mut rec, &all.times, coll::busbw_factor(kind, n));
                 rec.graph = all.graph;
+                rec.host_us = all.host_us;
             }
         }
         rec
@@ -462,6 +483,7 @@ mod tests {
             time_us: f64::NAN,
             time_us_min: f64::NAN,
             time_us_mean: f64::NAN,
+            host_us: f64::NAN,
             algbw: f64::NAN,
             busbw: f64::NAN,
             wrong: None,

@@ -58,6 +58,10 @@ impl Lib {
     }
 }
 
+/// The note a run with `--register` carries.
+const REGISTER_NOTE: &str = "--register: ringccl's send and receive buffers are registered with \
+    the communicator (Communicator::register) for each sweep; NCCL's are not";
+
 /// The note a run with cudarc's event tracking off carries (`-G 1` or `--untracked`).
 fn untracked_note(opts: &Options) -> String {
     if opts.graph {
@@ -120,6 +124,9 @@ fn run_single(opts: Options, command: Vec<String>) -> Result<bool, String> {
             unsafe { comm.context(r).disable_event_tracking() };
         }
         notes.push(untracked_note(&opts));
+    }
+    if opts.register {
+        notes.push(REGISTER_NOTE.to_string());
     }
     let mut libs = opts.libs;
     let nccl = if libs.nccl {
@@ -208,6 +215,9 @@ fn run_procs(opts: Options, command: Vec<String>, env: &LaunchEnv) -> Result<boo
         // SAFETY: as in `run_single`: every buffer is used on this rank's one stream only.
         unsafe { comm.context(rank).disable_event_tracking() };
         notes.push(untracked_note(&opts));
+    }
+    if opts.register {
+        notes.push(REGISTER_NOTE.to_string());
     }
     let nccl = match nccl_id {
         None => None,

@@ -189,6 +189,7 @@ mod tests {
             time_us: 10.0,
             time_us_min: 9.0,
             time_us_mean: 10.5,
+            host_us: f64::NAN,
             algbw: busbw,
             busbw,
             wrong: Some(0),

@@ -68,7 +68,9 @@ impl Bench<'_> {
     }
 
     /// Warm-ups, then the timed iterations (or graph replays); returns the per-iteration
-    /// times and whether they come from a graph.
+    /// times, whether they come from a graph, and (eager only, else NaN) the host's wall time
+    /// per iteration of the timed loop: the call and the timing event's record, issued
+    /// without waiting on the GPU.
     pub(super) fn time<T: PerfElem>(
         &mut self,
         lib: Lib,
@@ -77,7 +79,7 @@ impl Bench<'_> {
         op: Option<RedOp>,
         inplace: bool,
         bufs: &mut Bufs<T>,
-    ) -> Result<(Vec<f64>, bool), String> {
+    ) -> Result<(Vec<f64>, bool, f64), String> {
         let iters = self.opts.iters;
         for _ in 0..self.opts.warmup {
             self.launch(lib, kind, shape, op, inplace, bufs)?;
@@ -104,7 +106,7 @@ impl Bench<'_> {
                     self.record_all(GRAPH_REPLAYS)?;
                     let times = self.read_times(GRAPH_REPLAYS, iters)?;
                     drop(graphs);
-                    return Ok((times, true));
+                    return Ok((times, true, f64::NAN));
                 }
                 Err(e) => {
                     self.note(format!(
@@ -118,11 +120,13 @@ impl Bench<'_> {
         }
         self.ensure_events(iters + 1)?;
         self.record_all(0)?;
+        let t0 = std::time::Instant::now();
         for k in 0..iters {
             self.launch(lib, kind, shape, op, inplace, bufs)?;
             self.record_all(k + 1)?;
         }
-        Ok((self.read_times(iters, 1)?, false))
+        let host_us = t0.elapsed().as_secs_f64() * 1e6 / iters.max(1) as f64;
+        Ok((self.read_times(iters, 1)?, false, host_us))
     }
 }
 
