@@ -232,8 +232,9 @@ macro_rules! kernel {
     };
     (Ll, $name:expr, $t:ty, $op:ty) => {
         const _: () = {
-            /// LL push all-reduce of `count` elements over `nranks ≤ MAX_RANKS` ranks (one
-            /// block per rank; see `crate::ll`).
+            /// LL push all-reduce of `count` elements over `nranks ≤ MAX_RANKS` ranks, or
+            /// (`scatter` 1) reduce-scatter of `count` elements per rank (one block per rank;
+            /// see `crate::ll`).
             ///
             /// # Safety
             /// See `crate::ll::all_reduce`.
@@ -243,6 +244,7 @@ macro_rules! kernel {
                 src: *const $t,
                 dst: *mut $t,
                 count: u64,
+                scatter: u32,
                 postdiv: u32,
                 a0: *mut u8,
                 a1: *mut u8,
@@ -264,6 +266,7 @@ macro_rules! kernel {
                         src,
                         dst,
                         count as usize,
+                        scatter != 0,
                         postdiv,
                         areas,
                         nranks as usize,

@@ -38,6 +38,15 @@
 //! word and the clock like every other wait ([`crate::ctl`]); a wait that gives up writes its
 //! status, sets the abort word on a timeout, writes `e` into [`LL_FAILED`], and its thread
 //! stops (the call's output is then undefined and the host reports the error).
+//!
+//! ## The LL reduce-scatter
+//! The all-reduce's entry points with `scatter = 1`: `count` is the output's elements and the
+//! input holds `nranks` blocks of `count`; rank `r` pushes block `q` (not the whole input) to
+//! peer `q`, and folds, in rank order, block `r` of its own input with the packets the peers
+//! pushed it. Every rank still sends to and receives from every peer in every call, so the
+//! two-parity argument holds unchanged. In place (`dst == src + r * count`, NCCL's layout) is
+//! safe for the same reason as the all-reduce's: thread `t` alone reads and writes packet `i`
+//! of block `r`, reading before writing, and the blocks it pushes do not overlap it.
 
 use crate::element::Element;
 use crate::op::ReduceOp;
@@ -270,12 +279,14 @@ mod dev {
     }
 
     /// Step 1 of a call, by thread `tid` of `threads`: its payloads `tid, tid + threads, …` of
-    /// `src` (`count` elements, `packets` payloads) as packets with `flag` into slot
-    /// `out_slot` of every peer's area.
+    /// the block of `src` meant for each peer `q` (`count` elements, `packets` payloads, at
+    /// `src + q * stride`; `stride` 0: the same block for every peer) as packets with `flag`
+    /// into slot `out_slot` of every peer's area.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn push<T: Element>(
         src: *const T,
+        stride: usize,
         (count, packets, aligned): (usize, usize, bool),
         areas: [*mut u8; MAX_RANKS],
         (n, rank): (usize, usize),
@@ -287,10 +298,19 @@ mod dev {
         // SAFETY: per the caller's contract (the kernels' own).
         unsafe {
             while i < packets {
-                let v = super::pack(load_payload(src, i, count, aligned), flag);
+                let same = if stride == 0 {
+                    super::pack(load_payload(src, i, count, aligned), flag)
+                } else {
+                    [0; 4]
+                };
                 let mut q = 0;
                 while q < MAX_RANKS {
                     if q < n && q != rank {
+                        let v = if stride == 0 {
+                            same
+                        } else {
+                            super::pack(load_payload(src.add(q * stride), i, count, aligned), flag)
+                        };
                         let area = pick(areas, q);
                         store_packet(area.add(out_slot + i * PACKET_BYTES), v);
                     }
@@ -330,12 +350,15 @@ mod dev {
         }
     }
 
-    /// The kernel body of `ringccl_ll_{op}_{ty}` (see the module docs).
+    /// The kernel body of `ringccl_ll_{op}_{ty}` (see the module docs): the all-reduce
+    /// (`scatter` false) or the reduce-scatter (`scatter` true, the module docs' last
+    /// section).
     ///
     /// # Safety
-    /// One block; every rank launched with the same `nranks`, `count` and type; `src` and
-    /// `dst` `count` elements (element-aligned; `dst == src` allowed); `count * size ≤
-    /// LL_MAX_BYTES`; `areas[0..nranks]` every rank's LL area (`areas[rank]` this rank's),
+    /// One block; every rank launched with the same `nranks`, `count`, `scatter` and type;
+    /// `dst` `count` elements and `src` `count` elements, or with `scatter` `nranks * count`
+    /// (element-aligned; `dst == src` allowed, with `scatter` `dst == src + rank * count`);
+    /// `count * size ≤ LL_MAX_BYTES`; `areas[0..nranks]` every rank's LL area (`areas[rank]` this rank's),
     /// accessible from this GPU and used by no one but this communicator's LL kernels, which
     /// run on each rank in call order; `rank < nranks ≤ MAX_RANKS`; `ctl` the control block.
     #[inline(always)]
@@ -344,6 +367,7 @@ mod dev {
         src: *const T,
         dst: *mut T,
         count: usize,
+        scatter: bool,
         postdiv: u32,
         areas: [*mut u8; MAX_RANKS],
         nranks: usize,
@@ -360,8 +384,11 @@ mod dev {
         };
         let lanes = PACKET_PAYLOAD / T::SIZE;
         let packets = count.div_ceil(lanes);
-        // Payloads move as one 8-byte access where both buffers allow it.
-        let aligned = (src as usize | dst as usize) % PACKET_PAYLOAD == 0;
+        // Reduce-scatter: peer `q` gets block `q` of the input, this rank folds block `rank`.
+        let stride = if scatter { count } else { 0 };
+        // Payloads move as one 8-byte access where both buffers (and every block) allow it.
+        let aligned = (src as usize | dst as usize | stride * T::SIZE) % PACKET_PAYLOAD == 0;
+        let own_src = src.wrapping_add(rank * stride);
         let mine = pick(areas, rank);
         let header = mine as *mut u64;
         // SAFETY (whole body): pointers per this function's contract; the counter is written
@@ -375,6 +402,7 @@ mod dev {
             // 1. Push: my payloads into slot (parity, rank) of every peer.
             push(
                 src,
+                stride,
                 (count, packets, aligned),
                 areas,
                 (n, rank),
@@ -387,7 +415,7 @@ mod dev {
             let mut i = tid;
             let mut failed = false;
             while i < packets && !failed {
-                let own = load_payload(src, i, count, aligned);
+                let own = load_payload(own_src, i, count, aligned);
                 let mut acc = 0u64;
                 let mut q = 0;
                 while q < MAX_RANKS && q < n {
@@ -465,6 +493,7 @@ mod dev {
             // 1. Push: my payloads into slot (parity, rank) of every peer.
             push(
                 src,
+                0,
                 (bytes, packets, aligned),
                 areas,
                 (n, rank),

@@ -14,10 +14,10 @@
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter, all-gather, all-to-all, broadcast or reduce (the larger buffer) that runs on its barriers (`0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
-//! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce (bytes per rank) that runs on the LL push kernel (one exchange per call) instead of one-shot; at most 32768 (its receive area), `0`: never |
+//! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce, all-gather and reduce-scatter (bytes per rank; the output's for reduce-scatter) that runs on the LL push kernels (one exchange per call) instead of one-shot or two-shot; at most 32768 (its receive area), `0`: never |
 //! | `RINGCCL_P2P_KERNEL_MAX_BYTES` | [`p2p_kernel_max_bytes`](Config::p2p_kernel_max_bytes) | 1048576 | in a job of processes of one machine, largest transfer (the bytes of one peer and direction in a point-to-point group) that runs on the point-to-point kernel; larger ones go through the copy engines and the scratch, except under CUDA-graph capture (the same on every rank) |
-//! | `RINGCCL_LL_ALL_GATHER` | [`ll_all_gather`](Config::ll_all_gather) | `0` | `1`: in a job of 2 to 8 processes of one machine, all-gathers of at most `RINGCCL_LL_MAX_BYTES` per rank run on the LL all-gather kernel (one exchange per call; not yet the default: see the field) |
-//! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (not yet the default: see the field) |
+//! | `RINGCCL_LL_ALL_GATHER` | [`ll_all_gather`](Config::ll_all_gather) | `1` | in a job of 2 to 8 processes of one machine, all-gathers of at most `RINGCCL_LL_MAX_BYTES` per rank run on the LL all-gather kernel (one exchange per call); `0`: on the two-shot kernel's barriers instead |
+//! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (off by default: see the field) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
 //! | `RINGCCL_PEER_BLOCKS` | [`peer_blocks`](Config::peer_blocks) | 64 | most blocks of a step that reads or writes a peer's memory in one direction |
 //! | `RINGCCL_PEER_DUPLEX_BLOCKS` | [`peer_duplex_blocks`](Config::peer_duplex_blocks) | one per SM | most blocks of a step that reads and writes a peer's memory |
@@ -214,24 +214,27 @@ pub struct Config {
     pub oneshot_max_bytes_graph: usize,
     /// In a job of 2 to 8 processes, all-reduces that would run one-shot and have at most this
     /// many bytes per rank run on the LL push kernel instead (`gpu_kernels::ll`: one exchange
-    /// per call, no staging copy); above `gpu_kernels::ll::LL_MAX_BYTES` it is that; 0: never.
+    /// per call, no staging copy), and so do all-gathers ([`Config::ll_all_gather`]) and
+    /// reduce-scatters (bytes of the output) that would run two-shot; above
+    /// `gpu_kernels::ll::LL_MAX_BYTES` it is that; 0: never.
     pub ll_max_bytes: usize,
     /// In a job of processes, whether a one-shot all-reduce whose input lies in a buffer
     /// registered with the communicator (`Communicator::register`, `ncclCommRegister`) lets
     /// the peers read it in place (zero-copy) instead of staging it through the scratch.
-    /// Registrations map the allocation into every peer either way. Off by default until the
-    /// registered-buffer test (`tests/tests/registered.rs`) has passed on a GPU with it on:
-    /// its runs on one H200 (2 and 4 processes under MPS) gave wrong results both with the
-    /// reads in place (3 of 9) and without them (5 of 9), which points at the test's pageable
-    /// uploads (since fixed) rather than at the reads, but a registered buffer must never give
-    /// a different result. Every rank may choose differently: each publishes where its own
-    /// input is.
+    /// Registrations map the allocation into every peer either way. Off by default: on one
+    /// H200 shared by 2 and 4 processes under MPS the registered-buffer test
+    /// (`tests/tests/registered.rs`) passes with the reads in place and without them, but
+    /// there they save no time (one-shot all-reduce 32 KiB – 1 MiB, 11.3–19.5 µs either way)
+    /// and cost about 2 µs more host time per call; between two GPUs they are not measured
+    /// yet. Every rank may choose differently: each publishes where its own input is.
     pub zero_copy_reads: bool,
     /// In a job of 2 to 8 processes of one machine, whether all-gathers of at most
     /// [`Config::ll_max_bytes`] per rank (and the LL area's 32 KiB) run on the LL all-gather
     /// kernel (`gpu_kernels::ll::LL_GATHER_ENTRY`: one exchange per call, no staging copy)
-    /// instead of the two-shot kernel's barriers. Off by default: not yet run on a GPU. The
-    /// same on every rank.
+    /// instead of the two-shot kernel's barriers. On by default: on one H200 shared by 2 and
+    /// 4 processes under MPS the LL all-gather test passed, and a small all-gather took
+    /// 8.7–10.0 µs against 12.1–15.4 on the two-shot kernel (2 processes) and 19.2–22.0
+    /// against 32.7–35.3 (4 processes), `docs/PERFORMANCE.md`. The same on every rank.
     pub ll_all_gather: bool,
     /// In a job of processes of one machine (2 to 8 ranks over CUDA IPC), the most bytes one
     /// peer and direction of a point-to-point group may add up to and still run on the
@@ -333,7 +336,7 @@ impl Default for Config {
             oneshot_max_bytes_graph: DEFAULT_ONESHOT_MAX_BYTES_GRAPH,
             ll_max_bytes: DEFAULT_LL_MAX_BYTES,
             zero_copy_reads: false,
-            ll_all_gather: false,
+            ll_all_gather: true,
             p2p_kernel_max_bytes: DEFAULT_P2P_KERNEL_MAX_BYTES,
             twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
@@ -696,7 +699,7 @@ mod tests {
             ("RINGCCL_LL_MAX_BYTES", "4K"),
             ("RINGCCL_ZERO_COPY_READS", "1"),
             ("RINGCCL_P2P_KERNEL_MAX_BYTES", "256K"),
-            ("RINGCCL_LL_ALL_GATHER", "1"),
+            ("RINGCCL_LL_ALL_GATHER", "0"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
             ("RINGCCL_PEER_DUPLEX_BLOCKS", "100"),
@@ -730,7 +733,7 @@ mod tests {
         assert_eq!(c.ll_max_bytes, 4 << 10);
         assert!(c.zero_copy_reads);
         assert_eq!(c.p2p_kernel_max_bytes, 256 << 10);
-        assert!(c.ll_all_gather && !Config::default().ll_all_gather);
+        assert!(!c.ll_all_gather && Config::default().ll_all_gather);
         assert!(!Config::default().zero_copy_reads);
         assert_eq!(c.chunk_bytes, Some(2 << 20));
         assert_eq!((c.peer_blocks, c.peer_duplex_blocks), (32, Some(100)));

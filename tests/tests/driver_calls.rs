@@ -230,7 +230,6 @@ fn rank_counts_driver_calls() {
     let mut config = Config::from_env().expect("the RINGCCL_ variables");
     config.timeout = Some(Duration::from_secs(60));
     config.zero_copy_reads = true;
-    config.ll_all_gather = true;
     let ordinal = ringccl_tests::jobs::gpu_of(rank);
     let comm = ringccl_tests::jobs::join(&id, rank, n, config);
     comm.context(rank).bind_to_thread().expect("bind");

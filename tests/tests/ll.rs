@@ -1,6 +1,6 @@
 //! GPU test of the LL push all-reduce among processes (`gpu_kernels::ll`, the plan
-//! `ProcessLl`), and of the LL all-gather (`ProcessLlGather`, switched on for the job with
-//! `RINGCCL_LL_ALL_GATHER=1`, interleaved with all-reduces): every size up to the LL limit, every type the host API has and every
+//! `ProcessLl`), and of the LL all-gather and reduce-scatter (`ProcessLlGather`,
+//! `ProcessLlReduceScatter`, interleaved with all-reduces): every size up to the LL limit, every type the host API has and every
 //! operator, in place and out of place, streams alternating, many calls in a row (the epoch's
 //! parity wraps thousands of times), each result compared bit for bit with the CPU's fold of
 //! the ranks' inputs in rank order (`gpu_kernels::op::RedOp`, the arithmetic the kernels use).
@@ -19,7 +19,7 @@ use gpu_kernels::element::Element;
 use gpu_kernels::ll::LL_MAX_BYTES;
 use gpu_kernels::op::RedOp as KOp;
 use ringccl::internals::api::collective::Collective;
-use ringccl::internals::plan::call::{ll_fits, ll_gather_fits};
+use ringccl::internals::plan::call::{ll_fits, ll_gather_fits, ll_reduce_scatter_fits};
 use ringccl::{Communicator, Config, DeviceElement, Io, RedOp};
 use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
@@ -225,7 +225,7 @@ fn sweep<T: Elem>(
     (calls, wrong)
 }
 
-/// The LL all-gather (`ProcessLlGather`, `RINGCCL_LL_ALL_GATHER=1`): bytes per rank from 1 to
+/// The LL all-gather (`ProcessLlGather`, the default for small all-gathers): bytes per rank from 1 to
 /// the LL limit (odd sizes take the kernel's byte-by-byte path), in place and out of place,
 /// each followed by a small LL all-reduce on another stream (the two share the epochs);
 /// returns (calls, wrong bytes).
@@ -289,6 +289,90 @@ fn gather_sweep(
     (calls, wrong)
 }
 
+/// One LL reduce-scatter (`ProcessLlReduceScatter`) of `count` elements per rank, call `k`:
+/// rank `q`'s input is `input(q, k, n * count)`, so rank `r`'s output is block `r` of
+/// [`expected`] over `n * count`; returns the wrong elements.
+#[allow(clippy::too_many_arguments)]
+fn one_reduce_scatter<T: Elem>(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    (r, n): (usize, usize),
+    k: usize,
+    count: usize,
+    op: RedOp,
+    in_place: bool,
+) -> usize {
+    let mine = input::<T>(r, k, n * count);
+    let mut send: CudaSlice<T> = stream.clone_htod(&mine).expect("upload");
+    let mut recv: CudaSlice<T> = stream.alloc_zeros(count).expect("alloc");
+    let call = if in_place {
+        comm.reduce_scatter(&mut [Io::in_place(&mut send)], count, op, &[stream])
+    } else {
+        comm.reduce_scatter(
+            &mut [Io::out_of_place(&send, &mut recv)],
+            count,
+            op,
+            &[stream],
+        )
+    };
+    call.unwrap_or_else(|e| panic!("rank {r}: reduce_scatter of {count} ({op:?}): {e}"));
+    let got = if in_place {
+        stream.clone_dtoh(&send).expect("download")[r * count..(r + 1) * count].to_vec()
+    } else {
+        stream.clone_dtoh(&recv).expect("download")
+    };
+    let want = &expected::<T>(n, k, n * count, op)[r * count..(r + 1) * count];
+    got.iter()
+        .zip(want)
+        .filter(|(g, w)| !g.to_k().same_result(w.to_k()))
+        .count()
+}
+
+/// The LL reduce-scatter: element counts per rank up to the LL limit for `T`, every operator,
+/// in place and out of place, each followed by a small LL all-reduce on another stream (the
+/// two share the epochs); returns (calls, wrong elements).
+fn reduce_scatter_sweep<T: Elem>(
+    comm: &Communicator,
+    streams: &[Arc<CudaStream>],
+    (r, n): (usize, usize),
+    k: &mut usize,
+) -> (usize, usize) {
+    let size = std::mem::size_of::<T>();
+    let max = LL_MAX_BYTES / size;
+    let mut counts: Vec<usize> = (1..=9).collect();
+    counts.extend([31, 33, 257, 1023, max / 2 + 3, max]);
+    counts.retain(|&c| c <= max);
+    let (mut calls, mut wrong) = (0, 0);
+    for &count in &counts {
+        let c = Collective::ReduceScatter { recvcount: count };
+        assert!(
+            ll_reduce_scatter_fits(c, count * size, n, comm.config()),
+            "{count} elements of {size} bytes per rank run on the LL reduce-scatter"
+        );
+        for op in [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg] {
+            for in_place in [false, true] {
+                let stream = &streams[*k % streams.len()];
+                let bad = one_reduce_scatter::<T>(comm, stream, (r, n), *k, count, op, in_place);
+                if bad > 0 {
+                    eprintln!(
+                        "rank {r}: LL reduce-scatter {} × {count} {op:?} in_place={in_place}: {bad} wrong",
+                        std::any::type_name::<T>()
+                    );
+                }
+                wrong += bad;
+                calls += 1;
+                *k += 1;
+                let other = &streams[*k % streams.len()];
+                wrong +=
+                    one_call::<f32>(comm, other, (r, n), *k, 1 + count % 300, RedOp::Sum, false);
+                calls += 1;
+                *k += 1;
+            }
+        }
+    }
+    (calls, wrong)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; started by ll_all_reduce_across_processes as each rank"]
 fn rank_runs_ll() {
@@ -328,6 +412,20 @@ fn rank_runs_ll() {
     }
     let (c, w) = gather_sweep(&comm, &streams, (r, n), &mut k);
     println!("rank {r} of {n}: {c} LL all-gathers and all-reduces interleaved, {w} wrong");
+    calls += c;
+    wrong += w;
+    let (mut c, mut w) = (0, 0);
+    for (c1, w1) in [
+        reduce_scatter_sweep::<f32>(&comm, &streams, (r, n), &mut k),
+        reduce_scatter_sweep::<half::bf16>(&comm, &streams, (r, n), &mut k),
+        reduce_scatter_sweep::<i32>(&comm, &streams, (r, n), &mut k),
+        reduce_scatter_sweep::<u8>(&comm, &streams, (r, n), &mut k),
+        reduce_scatter_sweep::<f64>(&comm, &streams, (r, n), &mut k),
+    ] {
+        c += c1;
+        w += w1;
+    }
+    println!("rank {r} of {n}: {c} LL reduce-scatters and all-reduces interleaved, {w} wrong");
     calls += c;
     wrong += w;
     // Many calls in a row on one stream, then alternating (every third call on another),
@@ -378,8 +476,6 @@ fn ll_all_reduce_across_processes() {
         n >= 2,
         "this test needs 2+ CUDA GPUs or RINGCCL_TEST_PROCESSES; {n} ranks"
     );
-    run_job("rank_runs_ll", n, Duration::from_secs(600), |_| {
-        vec![("RINGCCL_LL_ALL_GATHER".to_string(), "1".to_string())]
-    });
+    run_job("rank_runs_ll", n, Duration::from_secs(600), |_| Vec::new());
     println!("{n} processes: every rank passed");
 }

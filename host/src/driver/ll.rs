@@ -19,8 +19,12 @@ pub(crate) struct LlArgs<'a> {
     pub src: u64,
     /// This rank's output (8-byte aligned; may be `src`).
     pub dst: u64,
-    /// Elements (at most `LL_MAX_BYTES` bytes).
+    /// Elements of the output (at most `LL_MAX_BYTES` bytes).
     pub count: usize,
+    /// A reduce-scatter: `src` holds one block of `count` elements per rank, and this rank's
+    /// output is the reduction of every rank's block `rank` (`dst` may be `src`'s block
+    /// `rank`); else an all-reduce (`dst` may be `src`).
+    pub scatter: bool,
     /// The rank count for avg's final division, else 1.
     pub postdiv: u32,
     /// Every rank's LL area, in rank order (2 to [`MAX_RANKS`]).
@@ -85,7 +89,8 @@ impl Kernels {
     /// count, type and operator, or the others wait (until their timeout).
     ///
     /// # Safety
-    /// As for [`Kernels::launch_prim`] for `src` and `dst` (`count` elements each); every area
+    /// As for [`Kernels::launch_prim`] for `src` and `dst` (`count` elements each; with
+    /// `scatter`, `src` `nranks * count` and `dst` `count`, or `src`'s block `rank`); every area
     /// is `gpu_kernels::ll::LL_AREA_BYTES` of a live allocation accessible from this context,
     /// used by no one but this communicator's LL kernels, which run on this rank one after the
     /// other in call order.
@@ -114,23 +119,25 @@ impl Kernels {
         let mut a = [0u64; MAX_RANKS];
         a[..n].copy_from_slice(args.areas);
         let (count, nranks, rank) = (args.count as u64, n as u32, args.rank as u32);
-        let mut params = [std::ptr::null_mut(); MAX_RANKS + 8];
-        params[..4].copy_from_slice(&[
+        let scatter = u32::from(args.scatter);
+        let mut params = [std::ptr::null_mut(); MAX_RANKS + 9];
+        params[..5].copy_from_slice(&[
             param(&args.src),
             param(&args.dst),
             param(&count),
+            param(&scatter),
             param(&args.postdiv),
         ]);
-        for (p, v) in params[4..4 + MAX_RANKS].iter_mut().zip(&a) {
+        for (p, v) in params[5..5 + MAX_RANKS].iter_mut().zip(&a) {
             *p = param(v);
         }
-        params[MAX_RANKS + 4..].copy_from_slice(&[
+        params[MAX_RANKS + 5..].copy_from_slice(&[
             param(&nranks),
             param(&rank),
             param(&args.ctl),
             param(&args.timeout_ns),
         ]);
-        // SAFETY: `ringccl_ll_*(u64 src, u64 dst, u64 count, u32 postdiv, u64 × MAX_RANKS,
+        // SAFETY: `ringccl_ll_*(u64 src, u64 dst, u64 count, u32 scatter, u32 postdiv, u64 × MAX_RANKS,
         // u32 nranks, u32 rank, u64 ctl, u64 timeout_ns)`; the caller guarantees the memory.
         unsafe { self.launch(stream, f, plan, &mut params) }
     }

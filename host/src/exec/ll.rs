@@ -1,4 +1,5 @@
-//! The executor of the LL push all-reduce among processes ([`crate::plan::call::CallPlan::ProcessLl`],
+//! The executor of the LL push all-reduce among processes ([`crate::plan::call::CallPlan::ProcessLl`];
+//! also the LL all-gather and reduce-scatter, `ProcessLlGather`, `ProcessLlReduceScatter`,
 //! kernel `gpu_kernels::ll`): ONE kernel per rank, which reads the input straight from the
 //! caller's buffer (no staging copy into the scratch), stores it as packets with the flag
 //! inside into every peer's LL area (in the peer's flag area, mapped by this process), and
@@ -25,6 +26,28 @@ pub(crate) fn refusal(call: &ProcessCall<'_>, dtype: DataType, count: usize, min
     let n = call.state.sent.len();
     let recv = if mine.recv == 0 { mine.send } else { mine.recv };
     ll_refusal(n, count.saturating_mul(dtype.size()), (mine.send, recv), dtype.size())
+}
+
+/// This rank's output of a reduce-scatter of `recvcount` elements of `size` bytes: the receive
+/// buffer, or in place (no receive buffer given) block `rank` of the send buffer.
+fn scatter_dst(mine: RankPtrs, rank: usize, recvcount: usize, size: usize) -> u64 {
+    match mine.recv {
+        0 => mine.send.wrapping_add((rank * recvcount * size) as u64),
+        recv => recv,
+    }
+}
+
+/// Why this rank cannot run an LL reduce-scatter of `recvcount` elements of `dtype` per rank
+/// on `mine`, or `None` (as [`refusal`]).
+pub(crate) fn reduce_scatter_refusal(
+    call: &ProcessCall<'_>,
+    dtype: DataType,
+    recvcount: usize,
+    mine: RankPtrs,
+) -> Option<String> {
+    let n = call.state.sent.len();
+    let dst = scatter_dst(mine, call.state.rank, recvcount, dtype.size());
+    ll_refusal(n, recvcount.saturating_mul(dtype.size()), (mine.send, dst), dtype.size())
 }
 
 /// Why this rank cannot run an LL all-gather of `bytes` per rank on `mine`, or `None`.
@@ -105,6 +128,44 @@ fn after_launch(call: &mut ProcessCall<'_>, launched: Result<()>, stream: &CudaS
     }
 }
 
+/// Enqueues this rank's LL reduce-scatter of `recvcount` elements per rank: the all-reduce's
+/// kernel with `scatter` (`gpu_kernels::ll`, its last section), ordered as the all-reduce is.
+/// The caller has checked [`reduce_scatter_refusal`].
+pub(crate) fn execute_reduce_scatter(
+    call: &mut ProcessCall<'_>,
+    dtype: DataType,
+    op: RedOp,
+    mine: RankPtrs,
+    recvcount: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = call.kernel_ranks("LL reduce-scatter")?;
+    if recvcount == 0 {
+        return Ok(());
+    }
+    call.me.kernels.ll_ready(dtype, op)?;
+    let areas = begin(call, stream, n)?;
+    let args = LlArgs {
+        src: mine.send,
+        dst: scatter_dst(mine, r, recvcount, dtype.size()),
+        count: recvcount,
+        scatter: true,
+        postdiv: u32::try_from(n).unwrap_or(u32::MAX),
+        areas: &areas[..n],
+        rank: r,
+        ctl: call.health.ctl(),
+        timeout_ns: call.health.timeout_ns(),
+    };
+    // SAFETY: `mine.send` is this rank's input of `n * recvcount` elements and the output
+    // `recvcount` elements (validated by the collective; in place, block `r` of the input);
+    // the LL areas and the order of this rank's LL kernels as for the all-reduce below.
+    let launched = call
+        .health
+        .injected_failure(r)
+        .and_then(|()| unsafe { call.me.kernels.launch_ll(stream, dtype, op, &args) });
+    after_launch(call, launched, stream)
+}
+
 /// Enqueues this rank's LL all-reduce of `count` elements (see the module docs). The caller
 /// has checked [`refusal`].
 pub(crate) fn execute(
@@ -128,6 +189,7 @@ pub(crate) fn execute(
         src: mine.send,
         dst,
         count,
+        scatter: false,
         postdiv,
         areas: &areas[..n],
         rank: r,

@@ -106,7 +106,8 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                 | CallPlan::ProcessShotChunks { .. }
                 | CallPlan::ProcessPeers { .. }
                 | CallPlan::ProcessLl { .. }
-                | CallPlan::ProcessLlGather { .. } => true,
+                | CallPlan::ProcessLlGather { .. }
+                | CallPlan::ProcessLlReduceScatter { .. } => true,
                 CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
                 _ => false,
             };
@@ -149,6 +150,13 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                         return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
                     }
                     ll::execute_gather(&mut call, mine, bytes, stream)
+                }),
+                CallPlan::ProcessLlReduceScatter { recvcount } => track.all(&mut || {
+                    if let Some(why) = ll::reduce_scatter_refusal(&call, dtype, *recvcount, mine) {
+                        // Nothing is launched: the peers' LL kernels end at their timeout.
+                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
+                    }
+                    ll::execute_reduce_scatter(&mut call, dtype, op, mine, *recvcount, stream)
                 }),
                 CallPlan::ProcessRing { plan, .. } => {
                     call.ensure_scratch(plan.prepared.schedule.scratch_len.saturating_mul(dtype.size()))?;

@@ -316,6 +316,13 @@ pub enum CallPlan {
         /// Elements per rank.
         sendcount: usize,
     },
+    /// Processes: this rank's LL reduce-scatter (the LL all-reduce's kernel with `scatter`,
+    /// `exec::ll`): one kernel that pushes block `q` of the input into peer `q`'s LL area and
+    /// folds its own block with the peers' packets ([`ll_reduce_scatter_fits`]).
+    ProcessLlReduceScatter {
+        /// Elements per rank (of the output).
+        recvcount: usize,
+    },
     /// Processes: the ring schedule through scratch, ordered by signals (`exec::process`).
     ProcessRing {
         /// Elements per step.
@@ -370,6 +377,9 @@ impl std::fmt::Debug for CallPlan {
             CallPlan::ProcessLlGather { sendcount } => {
                 f.debug_struct("ProcessLlGather").field("sendcount", sendcount).finish()
             }
+            CallPlan::ProcessLlReduceScatter { recvcount } => {
+                f.debug_struct("ProcessLlReduceScatter").field("recvcount", recvcount).finish()
+            }
             CallPlan::ProcessRing { chunk, plan } => f
                 .debug_struct("ProcessRing")
                 .field("chunk", chunk)
@@ -394,7 +404,8 @@ impl CallPlan {
             CallPlan::Shot { shot: Shot::One, .. }
             | CallPlan::ProcessShot { shot: Shot::One, .. }
             | CallPlan::ProcessLl { .. }
-            | CallPlan::ProcessLlGather { .. } => Algorithm::OneShot,
+            | CallPlan::ProcessLlGather { .. }
+            | CallPlan::ProcessLlReduceScatter { .. } => Algorithm::OneShot,
             CallPlan::Shot { .. } | CallPlan::ProcessShot { .. } | CallPlan::ProcessShotChunks { .. } => {
                 Algorithm::TwoShot
             }
@@ -585,6 +596,12 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
             return Ok((CallPlan::ProcessLlGather { sendcount }, false));
         }
     }
+    if let Collective::ReduceScatter { recvcount } = c {
+        if algorithm == Some(Algorithm::TwoShot) && ll_reduce_scatter_fits(c, recvcount.saturating_mul(size), n, config)
+        {
+            return Ok((CallPlan::ProcessLlReduceScatter { recvcount }, false));
+        }
+    }
     let shot = match algorithm {
         Some(Algorithm::OneShot) => Some(Shot::One),
         Some(Algorithm::TwoShot) => Some(Shot::Two {
@@ -649,16 +666,45 @@ pub fn ll_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> b
 /// use ringccl::internals::plan::call::ll_gather_fits;
 /// use ringccl::Config;
 /// let ag = Collective::AllGather { sendcount: 1024 };
-/// assert!(!ll_gather_fits(ag, 4096, 2, &Config::default()), "off by default");
-/// let mut on = Config::default();
-/// on.ll_all_gather = true;
-/// assert!(ll_gather_fits(ag, 4096, 2, &on));
+/// let on = Config::default();
+/// assert!(ll_gather_fits(ag, 4096, 2, &on), "on by default");
 /// assert!(!ll_gather_fits(ag, 64 << 10, 2, &on));
 /// assert!(!ll_gather_fits(Collective::AllReduce { count: 1024 }, 4096, 2, &on));
+/// let mut off = Config::default();
+/// off.ll_all_gather = false;
+/// assert!(!ll_gather_fits(ag, 4096, 2, &off));
 /// ```
 pub fn ll_gather_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
     matches!(c, Collective::AllGather { .. })
         && config.ll_all_gather
+        && config.algorithm.is_none()
+        && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
+        && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
+}
+
+/// Whether a reduce-scatter of `bytes` per rank (of the output) among `nranks` processes of
+/// one machine, which would run on the two-shot kernel's barriers, runs on the LL kernel
+/// instead (`scatter`: each peer gets its block of the input as packets): no algorithm
+/// forced, 2 to `MAX_RANKS` ranks, at most [`Config::ll_max_bytes`] and the LL area's
+/// `gpu_kernels::ll::LL_MAX_BYTES` per rank (`RINGCCL_LL_MAX_BYTES=0` turns it off with the
+/// LL all-reduce).
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::ll_reduce_scatter_fits;
+/// use ringccl::Config;
+/// let rs = Collective::ReduceScatter { recvcount: 1024 };
+/// let c = Config::default();
+/// assert!(ll_reduce_scatter_fits(rs, 4096, 2, &c));
+/// assert!(!ll_reduce_scatter_fits(rs, 64 << 10, 2, &c));
+/// assert!(!ll_reduce_scatter_fits(rs, 4096, 9, &c));
+/// assert!(!ll_reduce_scatter_fits(Collective::AllGather { sendcount: 1024 }, 4096, 2, &c));
+/// let mut off = Config::default();
+/// off.ll_max_bytes = 0;
+/// assert!(!ll_reduce_scatter_fits(rs, 4096, 2, &off));
+/// ```
+pub fn ll_reduce_scatter_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
+    matches!(c, Collective::ReduceScatter { .. })
         && config.algorithm.is_none()
         && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
         && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)

@@ -39,6 +39,7 @@ enum Want {
     Ring,
     ProcessShot(Shot, usize),
     ProcessLl,
+    ProcessLlReduceScatter,
     ProcessLlGather,
     /// Chunks of this many elements.
     ProcessShotChunks(usize),
@@ -140,6 +141,9 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
         }
         (Ok((CallPlan::ProcessLl { count: k }, new)), Want::ProcessLl) => *k == count && !*new,
         (Ok((CallPlan::ProcessLlGather { sendcount }, new)), Want::ProcessLlGather) => *sendcount == count && !*new,
+        (Ok((CallPlan::ProcessLlReduceScatter { recvcount }, new)), Want::ProcessLlReduceScatter) => {
+            *recvcount == count && !*new
+        }
         (Ok((CallPlan::ProcessPeers { collective }, new)), Want::ProcessPeers) => collective.count() == count && !*new,
         (Ok((CallPlan::ProcessShotChunks { shot: Shot::Two { .. }, count: k, chunk, scratch }, new)), Want::ProcessShotChunks(c)) => {
             *k == count && chunk == c && *scratch <= crate::transport::ipc::MIN_SCRATCH_BYTES && !*new
@@ -176,6 +180,7 @@ fn every_branch_of_the_choice() {
     let ll_big = Config { ll_max_bytes: 1 << 30, ..Config::default() };
     let gather_on = Config { ll_all_gather: true, ..Config::default() };
     let gather_forced = Config { ll_all_gather: true, algorithm: Some(Algorithm::TwoShot), ..Config::default() };
+    let gather_off = Config { ll_all_gather: false, ..Config::default() };
     #[rustfmt::skip]
     let rows: Vec<(&str, Collective, Layout, Comm, Config, Want)> = vec![
         // One process, all-reduce.
@@ -222,12 +227,19 @@ fn every_branch_of_the_choice() {
         ("processes, forced one-shot: one-shot, not LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::OneShot), Want::ProcessShot(Shot::One, small * 4)),
         ("captured forced one-shot: one-shot, not LL", C::AllReduce { count: small }, IN, pc2, forced(Algorithm::OneShot), Want::ProcessShot(Shot::One, small * 4)),
         ("processes, forced two-shot: no LL", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, small, 2), scratch_for(ts(TwoShotOf::AllReduce, small, 2), small * 4, 2).unwrap_or(0))),
-        ("processes, small reduce-scatter: no LL", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 2 * small, 2), 2 * small * 4)),
+        ("processes, small reduce-scatter: LL", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(2), d.clone(), Want::ProcessLlReduceScatter),
+        ("processes, small reduce-scatter in place: LL", C::ReduceScatter { recvcount: small }, IN, Comm::Procs(8), d.clone(), Want::ProcessLlReduceScatter),
+        ("processes, reduce-scatter at the LL limit: LL", C::ReduceScatter { recvcount: ll_max }, OUT, Comm::Procs(2), d.clone(), Want::ProcessLlReduceScatter),
+        ("processes, reduce-scatter above the LL limit: two-shot", C::ReduceScatter { recvcount: ll_max + 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 2 * (ll_max + 1), 2), 2 * (ll_max + 1) * 4)),
+        ("processes, small reduce-scatter, LL off: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(2), ll_off.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 2 * small, 2), 2 * small * 4)),
+        ("processes, small reduce-scatter, forced two-shot: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(2), forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 2 * small, 2), 2 * small * 4)),
+        ("processes, small reduce-scatter, nine ranks: ring", C::ReduceScatter { recvcount: small }, OUT, Comm::Procs(9), d.clone(), Want::ProcessRing),
         ("processes, mid all-reduce: two-shot", C::AllReduce { count: mid }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("processes, 64 MiB all-reduce: ring", C::AllReduce { count: 4 * big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         ("processes, forced copy engines: ring", C::AllReduce { count: small }, OUT, Comm::Procs(2), forced(Algorithm::CopyEngine), Want::ProcessRing),
         ("processes, sixteen ranks: ring", C::AllReduce { count: small }, OUT, Comm::Procs(16), d.clone(), Want::ProcessRing),
-        ("processes, all-gather: two-shot", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
+        ("processes, small all-gather: LL by default", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), d.clone(), Want::ProcessLlGather),
+        ("processes, all-gather, LL all-gather off: two-shot", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), gather_off.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
         ("processes, reduce: two-shot", C::Reduce { count: small, root: 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::Reduce { root: 1 }, small, 2), small * 4)),
         ("processes, gather: ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         ("processes, large all-gather: ring", C::AllGather { sendcount: big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
@@ -247,8 +259,9 @@ fn every_branch_of_the_choice() {
         ("captured forced ring: two-shot all the same", C::AllReduce { count: mid }, OUT, pc2, forced(Algorithm::Ring), Want::ProcessShot(ts(TwoShotOf::AllReduce, mid, 2), scratch_for(ts(TwoShotOf::AllReduce, mid, 2), mid * 4, 2).unwrap_or(0))),
         ("captured forced copy engines: LL", C::AllReduce { count: small }, OUT, pc2, forced(Algorithm::CopyEngine), Want::ProcessLl),
         ("captured forced two-shot above the limit: two-shot", C::AllReduce { count: big }, OUT, pc2, forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::AllReduce, big, 2), scratch_for(ts(TwoShotOf::AllReduce, big, 2), big * 4, 2).unwrap_or(0))),
-        ("captured reduce-scatter: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 4 * small, 4), 4 * small * 4)),
-        ("captured all-gather: two-shot", C::AllGather { sendcount: small }, IN, Comm::ProcsCapturing(4), d.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
+        ("captured small reduce-scatter: LL", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), d.clone(), Want::ProcessLlReduceScatter),
+        ("captured reduce-scatter, LL off: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), ll_off.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 4 * small, 4), 4 * small * 4)),
+        ("captured all-gather, LL all-gather off: two-shot", C::AllGather { sendcount: small }, IN, Comm::ProcsCapturing(4), gather_off.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
         ("captured broadcast: two-shot", C::Broadcast { count: small, root: 1 }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), small * 4)),
         ("captured all-to-all: two-shot", C::AllToAll { count_per_peer: small }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllToAll, 2 * small, 2), 2 * small * 4)),
         ("captured large all-gather: a point-to-point group", C::AllGather { sendcount: big }, OUT, pc2, d.clone(), Want::ProcessPeers),
