@@ -4,7 +4,7 @@
 #   scripts/two-gpu.sh DIR [LIMIT_S]
 # DIR holds release binaries built elsewhere: test-<name> (`cargo test --release -p
 # ringccl-tests --no-run`, each copied as DIR/test-<name>), ringccl-perf (`cargo build --release
-# -p ringccl-benches`), and libringccl_nccl.so (`cargo build --release -p ringccl-nccl`, the
+# -p ringccl-benches`), and libringccl_nccl.so (`cargo build --release -p nccl-abi`, the
 # NCCL-compatible library, for the PyTorch steps). Steps whose binary is missing are skipped and
 # named in the summary. Every step runs under a timeout; a step that would start after LIMIT_S
 # seconds (default 1500) is skipped, so a hang cannot hold up the run. STEPS="name ..." runs
@@ -19,8 +19,10 @@
 #     reliability (scripts/reliability-run.sh, kill steps included), torch-check (the PyTorch
 #     check through NCCL and through ringccl, same script and values)
 #   one process, NCCL in the same process: perf1-f32, perf1-bf16, perf1-graph, perf1-twoshot
-#   two processes, NCCL in the same processes: perf2, perf2-graph; ringccl alone with the
-#     switches that are off by default: perf2-llgather, perf2-p2p-kernel
+#   two processes, NCCL in the same processes: perf2, perf2-graph, perf2-small (--untracked,
+#     with host_us), perf2-registered (--register); ringccl alone with its switches turned the
+#     other way: perf2-no-ll (the LL kernels off), perf2-zero-copy (registered buffers read in
+#     place), perf2-p2p-kernel (every transfer on the point-to-point kernel)
 #   PyTorch: torch-allreduce-{nccl,ringccl}, torch-{ddp,fsdp2}-{nccl,ringccl} (alternated twice)
 #   profile: ncu of the one-shot kernel (range replay)
 # PROCS (default 2): processes of the test suites and the PyTorch checks.
@@ -159,9 +161,14 @@ if have ringccl-perf; then
   [ "$ONE" = 1 ] && L=ringccl
   ranks perf2 500 2 "$PERF" --procs 2 --lib $L -t "$COLLS" -d float -b 8 -e 1G -f 4 -n 50 -w 5 --no-progress --json "$OUT/perf2.json"
   ranks perf2-graph 300 2 "$PERF" --procs 2 --lib $L -t "$COLLS" -d float -b 8 -e 64M -f 8 -n 50 -w 5 -G 1 --no-progress --json "$OUT/perf2-graph.json"
-  # The switches that are off by default: the LL all-gather (small all-gathers), and the
-  # point-to-point kernel for every size (the default takes the copy engines above 1 MiB).
-  ranks perf2-llgather 200 2 env RINGCCL_LL_ALL_GATHER=1 "$PERF" --procs 2 --lib ringccl -t all_gather -d float -b 8 -e 256K -f 4 -n 100 -w 10 --no-progress --json "$OUT/perf2-llgather.json"
+  SMALL=(-t all_reduce,all_gather,reduce_scatter,broadcast,send_recv -d float -b 8 -e 64K -f 8 -n 200 -w 20 --untracked --no-progress)
+  ranks perf2-small 200 2 "$PERF" --procs 2 --lib $L "${SMALL[@]}" --json "$OUT/perf2-small.json"
+  ranks perf2-registered 200 2 "$PERF" --procs 2 --lib $L --register -t all_reduce,all_gather,reduce_scatter -d float -b 32K -e 16M -f 4 -n 50 -w 5 --untracked --no-progress --json "$OUT/perf2-registered.json"
+  # ringccl's switches the other way: the LL kernels off (the small calls on one-shot and
+  # two-shot), the peers' reads in place of registered buffers, and the point-to-point kernel
+  # for every size (the default takes the copy engines above 1 MiB).
+  ranks perf2-no-ll 200 2 env RINGCCL_LL_MAX_BYTES=0 "$PERF" --procs 2 --lib ringccl "${SMALL[@]}" --json "$OUT/perf2-no-ll.json"
+  ranks perf2-zero-copy 200 2 env RINGCCL_ZERO_COPY_READS=1 "$PERF" --procs 2 --lib ringccl --register -t all_reduce -d float -b 32K -e 1M -f 2 -n 100 -w 10 --untracked --no-progress --json "$OUT/perf2-zero-copy.json"
   ranks perf2-p2p-kernel 200 2 env RINGCCL_P2P_KERNEL_MAX_BYTES=1G "$PERF" --procs 2 --lib ringccl -t send_recv -d float -b 256K -e 64M -f 2 -n 50 -w 5 --no-progress --json "$OUT/perf2-p2p-kernel.json"
 fi
 
