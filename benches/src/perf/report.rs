@@ -479,11 +479,11 @@ mod tests {
         assert_eq!(lines[0], FIELDS.join(","));
         assert_eq!(
             lines[1],
-            "all_reduce,f32,sum,,64,16,ringccl,false,12.5,11.0,12.75,1.3333333333333333,2.0,0,4,false,20,,1"
+            "all_reduce,f32,sum,,64,16,ringccl,false,12.5,11.0,12.75,9.5,1.3333333333333333,2.0,0,4,false,20,,1"
         );
         assert_eq!(
             lines[2],
-            "all_reduce,f32,sum,,64,16,nccl,true,12.5,11.0,12.75,,,,4,false,20,\"a, \"\"b\"\"\",1"
+            "all_reduce,f32,sum,,64,16,nccl,true,12.5,11.0,12.75,9.5,,,,4,false,20,\"a, \"\"b\"\"\",1"
         );
         // No records: the header alone.
         assert_eq!(to_csv(&[]).unwrap(), format!("{}\n", FIELDS.join(",")));
