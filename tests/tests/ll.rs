@@ -162,9 +162,13 @@ fn one_call<T: Elem>(
             .unwrap_or_else(|e| panic!("rank {r}: all_reduce of {count} ({op:?}): {e}"));
     }
     let got = stream.clone_dtoh(&recv).expect("download");
-    let want = expected::<T>(n, k, count, op);
+    mismatches(&got, &expected::<T>(n, k, count, op))
+}
+
+/// The elements of `got` that are not the same result as `want`'s (bit for bit, NaNs alike).
+fn mismatches<T: Elem>(got: &[T], want: &[T]) -> usize {
     got.iter()
-        .zip(&want)
+        .zip(want)
         .filter(|(g, w)| !g.to_k().same_result(w.to_k()))
         .count()
 }
@@ -321,11 +325,10 @@ fn one_reduce_scatter<T: Elem>(
     } else {
         stream.clone_dtoh(&recv).expect("download")
     };
-    let want = &expected::<T>(n, k, n * count, op)[r * count..(r + 1) * count];
-    got.iter()
-        .zip(want)
-        .filter(|(g, w)| !g.to_k().same_result(w.to_k()))
-        .count()
+    mismatches(
+        &got,
+        &expected::<T>(n, k, n * count, op)[r * count..(r + 1) * count],
+    )
 }
 
 /// The LL reduce-scatter: element counts per rank up to the LL limit for `T`, every operator,

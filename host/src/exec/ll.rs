@@ -18,36 +18,33 @@ use crate::driver::ll::{ll_refusal, LlArgs, LlGatherArgs};
 use crate::{DataType, RedOp, Result};
 use gpu_kernels::oneshot::MAX_RANKS;
 
-/// Why this rank cannot run an LL all-reduce of `count` elements of `dtype` on `mine`, or
-/// `None` (the planner chose it for the size and rank count; the buffers must be aligned to
-/// their elements, which every other kernel needs too: a misaligned element access is a GPU
-/// fault, so it is refused here before anything is launched).
-pub(crate) fn refusal(call: &ProcessCall<'_>, dtype: DataType, count: usize, mine: RankPtrs) -> Option<String> {
-    let n = call.state.sent.len();
-    let recv = if mine.recv == 0 { mine.send } else { mine.recv };
-    ll_refusal(n, count.saturating_mul(dtype.size()), (mine.send, recv), dtype.size())
-}
-
-/// This rank's output of a reduce-scatter of `recvcount` elements of `size` bytes: the receive
-/// buffer, or in place (no receive buffer given) block `rank` of the send buffer.
-fn scatter_dst(mine: RankPtrs, rank: usize, recvcount: usize, size: usize) -> u64 {
-    match mine.recv {
-        0 => mine.send.wrapping_add((rank * recvcount * size) as u64),
+/// This rank's (input, output) of an LL all-reduce (`scatter` false: the output is the
+/// receive buffer, or in place the send buffer) or reduce-scatter of `count` elements of
+/// `size` bytes per rank (`scatter`: the receive buffer, or in place block `rank` of the send
+/// buffer).
+fn reduce_bufs(mine: RankPtrs, rank: usize, count: usize, size: usize, scatter: bool) -> (u64, u64) {
+    let dst = match mine.recv {
+        0 if scatter => mine.send.wrapping_add((rank * count * size) as u64),
+        0 => mine.send,
         recv => recv,
-    }
+    };
+    (mine.send, dst)
 }
 
-/// Why this rank cannot run an LL reduce-scatter of `recvcount` elements of `dtype` per rank
-/// on `mine`, or `None` (as [`refusal`]).
-pub(crate) fn reduce_scatter_refusal(
+/// Why this rank cannot run an LL all-reduce (or, `scatter`, reduce-scatter) of `count`
+/// elements of `dtype` per rank on `mine`, or `None` (the planner chose it for the size and
+/// rank count; the buffers must be aligned to their elements, which every other kernel needs
+/// too: a misaligned element access is a GPU fault, so it is refused here before anything is
+/// launched).
+pub(crate) fn refusal(
     call: &ProcessCall<'_>,
     dtype: DataType,
-    recvcount: usize,
+    count: usize,
+    scatter: bool,
     mine: RankPtrs,
 ) -> Option<String> {
-    let n = call.state.sent.len();
-    let dst = scatter_dst(mine, call.state.rank, recvcount, dtype.size());
-    ll_refusal(n, recvcount.saturating_mul(dtype.size()), (mine.send, dst), dtype.size())
+    let bufs = reduce_bufs(mine, call.state.rank, count, dtype.size(), scatter);
+    ll_refusal(call.state.sent.len(), count.saturating_mul(dtype.size()), bufs, dtype.size())
 }
 
 /// Why this rank cannot run an LL all-gather of `bytes` per rank on `mine`, or `None`.
@@ -128,76 +125,41 @@ fn after_launch(call: &mut ProcessCall<'_>, launched: Result<()>, stream: &CudaS
     }
 }
 
-/// Enqueues this rank's LL reduce-scatter of `recvcount` elements per rank: the all-reduce's
-/// kernel with `scatter` (`gpu_kernels::ll`, its last section), ordered as the all-reduce is.
-/// The caller has checked [`reduce_scatter_refusal`].
-pub(crate) fn execute_reduce_scatter(
-    call: &mut ProcessCall<'_>,
-    dtype: DataType,
-    op: RedOp,
-    mine: RankPtrs,
-    recvcount: usize,
-    stream: &CudaStream,
-) -> Result<()> {
-    let (r, n) = call.kernel_ranks("LL reduce-scatter")?;
-    if recvcount == 0 {
-        return Ok(());
-    }
-    call.me.kernels.ll_ready(dtype, op)?;
-    let areas = begin(call, stream, n)?;
-    let args = LlArgs {
-        src: mine.send,
-        dst: scatter_dst(mine, r, recvcount, dtype.size()),
-        count: recvcount,
-        scatter: true,
-        postdiv: u32::try_from(n).unwrap_or(u32::MAX),
-        areas: &areas[..n],
-        rank: r,
-        ctl: call.health.ctl(),
-        timeout_ns: call.health.timeout_ns(),
-    };
-    // SAFETY: `mine.send` is this rank's input of `n * recvcount` elements and the output
-    // `recvcount` elements (validated by the collective; in place, block `r` of the input);
-    // the LL areas and the order of this rank's LL kernels as for the all-reduce below.
-    let launched = call
-        .health
-        .injected_failure(r)
-        .and_then(|()| unsafe { call.me.kernels.launch_ll(stream, dtype, op, &args) });
-    after_launch(call, launched, stream)
-}
-
-/// Enqueues this rank's LL all-reduce of `count` elements (see the module docs). The caller
-/// has checked [`refusal`].
+/// Enqueues this rank's LL all-reduce of `count` elements (see the module docs), or with
+/// `scatter` its reduce-scatter of `count` elements per rank (the same kernel: block `q` of
+/// the input goes to peer `q`, `gpu_kernels::ll`'s last section). The caller has checked
+/// [`refusal`].
 pub(crate) fn execute(
     call: &mut ProcessCall<'_>,
     dtype: DataType,
     op: RedOp,
     mine: RankPtrs,
-    count: usize,
+    (count, scatter): (usize, bool),
     stream: &CudaStream,
 ) -> Result<()> {
-    let (r, n) = call.kernel_ranks("LL all-reduce")?;
+    let (r, n) = call.kernel_ranks(if scatter { "LL reduce-scatter" } else { "LL all-reduce" })?;
     if count == 0 {
         return Ok(());
     }
     call.me.kernels.ll_ready(dtype, op)?;
     let areas = begin(call, stream, n)?;
-    let dst = if mine.recv == 0 { mine.send } else { mine.recv };
+    let (src, dst) = reduce_bufs(mine, r, count, dtype.size(), scatter);
     // The rank count, as the one-shot kernel has it (only `avg`'s finish uses it).
     let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
     let args = LlArgs {
-        src: mine.send,
+        src,
         dst,
         count,
-        scatter: false,
+        scatter,
         postdiv,
         areas: &areas[..n],
         rank: r,
         ctl: call.health.ctl(),
         timeout_ns: call.health.timeout_ns(),
     };
-    // SAFETY: `mine.send` and `dst` are this rank's buffers of `count` elements (validated by
-    // the collective); every LL area is a rank's flag area's LL part, mapped for the
+    // SAFETY: `src` and `dst` are this rank's buffers of `count` elements, or with `scatter`
+    // `n * count` and `count` (in place, block `r` of the input) (validated by the
+    // collective); every LL area is a rank's flag area's LL part, mapped for the
     // communicator's life and used only by its LL kernels, which on this rank run in call
     // order (the end of the previous call is waited for above, or, captured, the caller orders
     // the graph's launches); the control block is the communicator's.

@@ -137,11 +137,11 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                     track.all(&mut || super::p2p::collective(&mut call, *collective, (dtype, op), mine, stream))
                 }
                 CallPlan::ProcessLl { count } => track.all(&mut || {
-                    if let Some(why) = ll::refusal(&call, dtype, *count, mine) {
+                    if let Some(why) = ll::refusal(&call, dtype, *count, false, mine) {
                         // Nothing is launched: the peers' LL kernels end at their timeout.
                         return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
                     }
-                    ll::execute(&mut call, dtype, op, mine, *count, stream)
+                    ll::execute(&mut call, dtype, op, mine, (*count, false), stream)
                 }),
                 CallPlan::ProcessLlGather { sendcount } => track.all(&mut || {
                     let bytes = sendcount.saturating_mul(dtype.size());
@@ -152,11 +152,11 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                     ll::execute_gather(&mut call, mine, bytes, stream)
                 }),
                 CallPlan::ProcessLlReduceScatter { recvcount } => track.all(&mut || {
-                    if let Some(why) = ll::reduce_scatter_refusal(&call, dtype, *recvcount, mine) {
+                    if let Some(why) = ll::refusal(&call, dtype, *recvcount, true, mine) {
                         // Nothing is launched: the peers' LL kernels end at their timeout.
                         return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
                     }
-                    ll::execute_reduce_scatter(&mut call, dtype, op, mine, *recvcount, stream)
+                    ll::execute(&mut call, dtype, op, mine, (*recvcount, true), stream)
                 }),
                 CallPlan::ProcessRing { plan, .. } => {
                     call.ensure_scratch(plan.prepared.schedule.scratch_len.saturating_mul(dtype.size()))?;

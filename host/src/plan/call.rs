@@ -675,11 +675,7 @@ pub fn ll_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> b
 /// assert!(!ll_gather_fits(ag, 4096, 2, &off));
 /// ```
 pub fn ll_gather_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
-    matches!(c, Collective::AllGather { .. })
-        && config.ll_all_gather
-        && config.algorithm.is_none()
-        && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
-        && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
+    matches!(c, Collective::AllGather { .. }) && config.ll_all_gather && ll_sized(bytes, nranks, config)
 }
 
 /// Whether a reduce-scatter of `bytes` per rank (of the output) among `nranks` processes of
@@ -704,8 +700,13 @@ pub fn ll_gather_fits(c: Collective, bytes: usize, nranks: usize, config: &Confi
 /// assert!(!ll_reduce_scatter_fits(rs, 4096, 2, &off));
 /// ```
 pub fn ll_reduce_scatter_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
-    matches!(c, Collective::ReduceScatter { .. })
-        && config.algorithm.is_none()
+    matches!(c, Collective::ReduceScatter { .. }) && ll_sized(bytes, nranks, config)
+}
+
+/// What the LL all-gather and reduce-scatter both need: no algorithm forced, 2 to `MAX_RANKS`
+/// ranks, at most [`Config::ll_max_bytes`] and the LL area's payload per rank.
+fn ll_sized(bytes: usize, nranks: usize, config: &Config) -> bool {
+    config.algorithm.is_none()
         && (2..=gpu_kernels::ctl::MAX_RANKS).contains(&nranks)
         && bytes <= config.ll_max_bytes.min(gpu_kernels::ll::LL_MAX_BYTES)
 }
