@@ -66,6 +66,8 @@ internal_modules! {
     exec;
     /// The checked CUDA driver layer.
     driver;
+    /// The per-rank lists of a call, inline for the GPUs of a machine.
+    per_rank;
     /// Planning: algorithm, chunk, ring order, prepared schedules.
     plan;
     /// Per-rank resources and the per-call handle.
@@ -95,7 +97,7 @@ pub mod nccl;
 #[cfg(feature = "internals")]
 pub mod internals {
     pub use crate::plan::topology;
-    pub use crate::{api, comm, driver, exec, plan, resources, schedule, sim, transport};
+    pub use crate::{api, comm, driver, exec, per_rank, plan, resources, schedule, sim, transport};
 }
 
 pub use api::{DeviceSlice, DeviceSliceMut, Io, Op, PeerOp, RawBuf, Scalar, SendRecv};

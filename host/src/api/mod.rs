@@ -52,12 +52,13 @@ use crate::debug::report;
 use crate::dtype::DeviceElement;
 use crate::exec::{self, RankPtrs};
 use crate::plan::call::{CallPlan, CallShape, CommView, LocalView, NetView, ProcessView};
+use crate::per_rank::PerRank;
 use crate::plan;
 use crate::schedule::Layout;
 use crate::{RedOp, Result};
 
 /// Device ordinals of the given streams.
-fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> Vec<usize> {
+fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> PerRank<usize> {
     streams.iter().map(|s| s.as_ref().context().ordinal()).collect()
 }
 
@@ -71,7 +72,7 @@ fn stream_devices<S: AsRef<CudaStream>>(streams: &[S]) -> Vec<usize> {
 /// by the caller, as with NCCL.
 struct Tracked<'a, 'b, T> {
     /// Each held rank's buffers and stream.
-    ranks: Vec<Mutex<(&'a mut Io<'b, T>, &'a CudaStream)>>,
+    ranks: PerRank<Mutex<(&'a mut Io<'b, T>, &'a CudaStream)>>,
     ptrs: &'a [validate::Ptrs],
     capturing: bool,
 }
@@ -131,7 +132,7 @@ impl<T: DeviceElement> exec::Track for Tracked<'_, '_, T> {
 
 /// A call, validated: what [`plan::call::choose`] and [`exec::run`] need of it.
 struct Checked {
-    ptrs: Vec<validate::Ptrs>,
+    ptrs: PerRank<validate::Ptrs>,
     layout: Layout,
     /// The CUDA-graph capture the streams are in (all or none), if any.
     capture: Option<exec::Capture>,
@@ -139,7 +140,7 @@ struct Checked {
 
 impl Communicator {
     /// The devices of the ranks held here, in [`Communicator::local_ranks`] order.
-    fn devices(&self) -> Vec<usize> {
+    fn devices(&self) -> PerRank<usize> {
         self.local_ranks().iter().map(|&r| self.ordinal(r)).collect()
     }
 
@@ -156,7 +157,7 @@ impl Communicator {
         let Some((checked, resolved)) = self.validate_collective(c, io, &op, streams)? else {
             return Ok(()); // a count of 0
         };
-        let ptrs: Vec<RankPtrs> = checked
+        let ptrs: PerRank<RankPtrs> = checked
             .ptrs
             .iter()
             .map(|p| RankPtrs {
@@ -212,7 +213,7 @@ impl Communicator {
         ptrs: &[RankPtrs],
         streams: &'s [S],
         track: &dyn exec::Track,
-    ) -> Result<(Vec<RankPtrs>, exec::premul::Temps<'s>)> {
+    ) -> Result<(PerRank<RankPtrs>, exec::premul::Temps<'s>)> {
         let ranks = self.local_ranks();
         let temps = if pre.into == exec::premul::Target::Temp {
             let bytes = pre.elems.saturating_mul(T::DTYPE.size());
@@ -281,7 +282,7 @@ impl Communicator {
         self.health().check()?;
         let size = T::DTYPE.size();
         let devices = self.devices();
-        let args: Vec<RankArgs> = io.iter().map(Io::args).collect();
+        let args: PerRank<RankArgs> = io.iter().map(Io::args).collect();
         let checked = match self.process() {
             None => validate(c, &args, &devices, &stream_devices(streams), size)?,
             Some(p) => {

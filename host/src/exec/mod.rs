@@ -60,6 +60,7 @@ pub use crate::driver::graph::Capture;
 
 use crate::driver::graph::capture_of;
 use crate::driver::launch::Prim;
+use crate::per_rank::PerRank;
 use crate::plan::tuning::Traffic;
 use crate::resources::{Call, Health};
 use crate::schedule::Step;
@@ -195,8 +196,8 @@ pub fn capture<S: AsRef<CudaStream>>(streams: &[S]) -> Result<Option<Capture>> {
         .iter()
         .enumerate()
         .map(|(r, s)| capture_of(s.as_ref(), Some(r)))
-        .collect::<Result<Vec<_>>>()?;
-    let ids: Vec<Option<u64>> = captures.iter().map(|c| c.map(|c| c.id)).collect();
+        .collect::<Result<PerRank<_>>>()?;
+    let ids: PerRank<Option<u64>> = captures.iter().map(|c| c.map(|c| c.id)).collect();
     one_capture(&ids)?;
     Ok(captures.first().copied().flatten())
 }

@@ -6,6 +6,7 @@ use cudarc::driver::{result, sys, CudaStream};
 
 use crate::driver::Kernels;
 use crate::exec::RankPtrs;
+use crate::per_rank::PerRank;
 use crate::schedule::Layout;
 use crate::{DataType, Error, Result};
 
@@ -62,9 +63,9 @@ impl Prescale {
     /// let p = pre.rewrite(&[RankPtrs { send: 0x100, recv: 0x200 }], &[]);
     /// assert_eq!((p[0].send, p[0].recv), (0x200, 0x200));
     /// ```
-    pub fn rewrite(&self, ptrs: &[RankPtrs], temps: &[u64]) -> Vec<RankPtrs> {
+    pub fn rewrite(&self, ptrs: &[RankPtrs], temps: &[u64]) -> PerRank<RankPtrs> {
         match self.into {
-            Target::InPlace => ptrs.to_vec(),
+            Target::InPlace => ptrs.iter().copied().collect(),
             Target::Recv => ptrs
                 .iter()
                 .map(|p| RankPtrs {
@@ -229,8 +230,8 @@ mod tests {
         assert_eq!(t.layout(IN_PLACE), Layout::OutOfPlace);
         assert_eq!(t.layout(Layout::RecvInSend { stride: 4 }), Layout::OutOfPlace);
         assert_eq!(
-            t.rewrite(&ptrs, &temps),
-            vec![RankPtrs { send: 0x1000, recv: 0x200 }, RankPtrs { send: 0x2000, recv: 0 }]
+            &t.rewrite(&ptrs, &temps)[..],
+            &[RankPtrs { send: 0x1000, recv: 0x200 }, RankPtrs { send: 0x2000, recv: 0 }]
         );
         assert_eq!(t.src_dst(&ptrs[0], 0x1000), (0x100, 0x1000));
         // Out-of-place all-reduce: scaled into the output, then summed in place there.
@@ -243,7 +244,7 @@ mod tests {
         let inp = [RankPtrs { send: 0x500, recv: 0x500 }];
         let i = mk(Target::InPlace);
         assert_eq!(i.layout(IN_PLACE), IN_PLACE);
-        assert_eq!(i.rewrite(&inp, &[]), inp.to_vec());
+        assert_eq!(&i.rewrite(&inp, &[])[..], &inp[..]);
         assert_eq!(i.src_dst(&inp[0], 0), (0x500, 0x500));
     }
 }

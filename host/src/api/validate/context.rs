@@ -15,6 +15,7 @@
 use cudarc::driver::{sys, CudaContext, CudaStream};
 
 use super::Ptrs;
+use crate::per_rank::PerRank;
 use crate::{Arg, Error, Result};
 
 /// What one rank's context check needs: its context, and the device ordinals of the ranks whose
@@ -26,7 +27,7 @@ pub(crate) struct RankCtx<'a> {
     /// The communicator's context on the rank's device.
     pub ctx: &'a CudaContext,
     /// Devices of the peers that access this rank's buffers directly.
-    pub peer_devices: Vec<usize>,
+    pub peer_devices: PerRank<usize>,
     /// The device's pool that ringccl granted those peers access to (0: none).
     pub granted_pool: usize,
 }
@@ -187,7 +188,7 @@ fn query_failed(call: &'static str, r: sys::CUresult, rank: usize, arg: Arg) -> 
 /// The [`RankCtx`] of every rank `comm` holds, in [`Communicator::local_ranks`] order.
 ///
 /// [`Communicator::local_ranks`]: crate::Communicator::local_ranks
-pub(crate) fn rank_contexts(comm: &crate::Communicator) -> Vec<RankCtx<'_>> {
+pub(crate) fn rank_contexts(comm: &crate::Communicator) -> PerRank<RankCtx<'_>> {
     let local = comm.local_ranks();
     let single_process = local.len() == comm.nranks();
     local
@@ -204,7 +205,7 @@ pub(crate) fn rank_contexts(comm: &crate::Communicator) -> Vec<RankCtx<'_>> {
                     .map(|&q| comm.ordinal(q))
                     .collect()
             } else {
-                Vec::new()
+                PerRank::new()
             },
         })
         .collect()

@@ -23,6 +23,7 @@
 
 use super::buffer::{RankArgs, RawBuf};
 use super::collective::{Collective, Need};
+use crate::per_rank::PerRank;
 use crate::schedule::Layout;
 use crate::{Arg, Error, Result};
 
@@ -46,7 +47,7 @@ pub struct Validated {
     /// In place or not (one layout for all ranks).
     pub layout: Layout,
     /// Per rank.
-    pub ptrs: Vec<Ptrs>,
+    pub ptrs: PerRank<Ptrs>,
 }
 
 /// Byte size of `elems` elements (callers have checked it does not overflow).
@@ -323,7 +324,7 @@ pub fn validate(
     streams: &[usize],
     elem_size: usize,
 ) -> Result<Validated> {
-    let ranks: Vec<usize> = (0..devices.len()).collect();
+    let ranks: PerRank<usize> = (0..devices.len()).collect();
     let held = Held {
         nranks: devices.len(),
         ranks: &ranks,
@@ -355,7 +356,7 @@ pub fn validate_held(
         }
     }
 
-    let mut resolved = Vec::with_capacity(args.len());
+    let mut resolved = PerRank::with_capacity(args.len());
     for ((a, &r), &device) in args.iter().zip(held.ranks).zip(held.devices) {
         resolved.push(resolve_rank(c, r, n, a, device, elem_size)?);
     }
@@ -393,7 +394,7 @@ pub fn validate_held(
     // other (send = recv + rank*stride, or the reverse); a rank that has only one of the two
     // (a non-root of reduce, gather or scatter) gets the other one computed so that the
     // schedule's rewritten regions land in the buffer it has.
-    let mut ptrs = Vec::with_capacity(resolved.len());
+    let mut ptrs = PerRank::with_capacity(resolved.len());
     for (res, &r) in resolved.iter().zip(held.ranks) {
         let (ns, nr) = c.needs(r, n);
         let mut p = Ptrs {
