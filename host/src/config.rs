@@ -14,7 +14,7 @@
 //! | `RINGCCL_ONESHOT_MAX_BYTES` | [`oneshot_max_bytes`](Config::oneshot_max_bytes) | 262144 | largest all-reduce (bytes per rank) that runs one-shot |
 //! | `RINGCCL_TWOSHOT_MAX_BYTES` | [`twoshot_max_bytes`](Config::twoshot_max_bytes) | 8388608 | largest all-reduce (bytes per rank) above the one-shot limit that runs two-shot, and, in a job of processes, largest reduce-scatter, all-gather, all-to-all, broadcast or reduce (the larger buffer) that runs on its barriers (`0`: never unless forced) |
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
-//! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce, all-gather and reduce-scatter (bytes per rank; the output's for reduce-scatter) that runs on the LL push kernels (one exchange per call) instead of one-shot or two-shot; at most 32768 (its receive area), `0`: never |
+//! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce, all-gather, reduce-scatter, broadcast and reduce (bytes per rank; the output's for reduce-scatter) that runs on the LL push kernels (one exchange per call) instead of one-shot or two-shot; at most 32768 (its receive area), `0`: never |
 //! | `RINGCCL_P2P_KERNEL_MAX_BYTES` | [`p2p_kernel_max_bytes`](Config::p2p_kernel_max_bytes) | 1048576 | in a job of processes of one machine, largest transfer (the bytes of one peer and direction in a point-to-point group) that runs on the point-to-point kernel; larger ones go through the copy engines and the scratch, except under CUDA-graph capture (the same on every rank) |
 //! | `RINGCCL_LL_ALL_GATHER` | [`ll_all_gather`](Config::ll_all_gather) | `1` | in a job of 2 to 8 processes of one machine, all-gathers of at most `RINGCCL_LL_MAX_BYTES` per rank run on the LL all-gather kernel (one exchange per call); `0`: on the two-shot kernel's barriers instead |
 //! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (off by default: see the field) |
@@ -214,8 +214,9 @@ pub struct Config {
     pub oneshot_max_bytes_graph: usize,
     /// In a job of 2 to 8 processes, all-reduces that would run one-shot and have at most this
     /// many bytes per rank run on the LL push kernel instead (`gpu_kernels::ll`: one exchange
-    /// per call, no staging copy), and so do all-gathers ([`Config::ll_all_gather`]) and
-    /// reduce-scatters (bytes of the output) that would run two-shot; above
+    /// per call, no staging copy), and so do all-gathers ([`Config::ll_all_gather`]),
+    /// reduce-scatters (bytes of the output), broadcasts and reduces (these two on the
+    /// all-reduce's kernel) that would run two-shot; above
     /// `gpu_kernels::ll::LL_MAX_BYTES` it is that; 0: never.
     pub ll_max_bytes: usize,
     /// In a job of processes, whether a one-shot all-reduce whose input lies in a buffer

@@ -7,7 +7,9 @@
 //! all-reduce, for a one-shot all-reduce on a registered buffer (read in place by the peers)
 //! and the LL all-gather (switched on here), and for a point-to-point group between distinct
 //! ranks; a captured call replayed is one
-//! graph launch. The heap allocations per call (a counting global allocator) are shown too.
+//! graph launch; no heap allocation (a counting global allocator) in an eager collective on plain
+//! buffers. Where a case allocates, the call sites of one call's allocations are printed (the
+//! ringccl frames of their backtraces).
 //!
 //! `driver_calls_per_call_across_processes` starts `RINGCCL_TEST_PROCESSES` processes (default:
 //! the visible GPUs, at least 2; more processes than GPUs need the MPS daemon), each running
@@ -17,7 +19,8 @@
 //! --include-ignored --test-threads=1 --nocapture`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::backtrace::Backtrace;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -28,20 +31,59 @@ use ringccl_tests::jobs::{job_size, run_job, this_rank, JobRank};
 use ringccl_tests::plain::Plain;
 
 /// The system allocator, counting the allocations of a thread that asks it to
-/// ([`COUNTING_ALLOCS`]): the heap allocations per call are shown beside the driver calls (not
-/// yet promised away).
+/// ([`COUNTING_ALLOCS`]) and, while [`TRACING_ALLOCS`] is set, keeping each one's backtrace.
 struct CountingAlloc;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static COUNTING_ALLOCS: Cell<bool> = const { Cell::new(false) };
+    static TRACING_ALLOCS: Cell<bool> = const { Cell::new(false) };
+    /// Inside the capture of a backtrace (its own allocations are neither counted nor traced).
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
+    static TRACES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
 
 fn count_alloc() {
+    if IN_TRACE.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
     if COUNTING_ALLOCS.try_with(Cell::get).unwrap_or(false) {
         ALLOCS.fetch_add(1, Relaxed);
     }
+    if TRACING_ALLOCS.try_with(Cell::get).unwrap_or(false) {
+        IN_TRACE.with(|t| t.set(true));
+        let trace = Backtrace::force_capture().to_string();
+        TRACES.with(|t| t.borrow_mut().push(trace));
+        IN_TRACE.with(|t| t.set(false));
+    }
+}
+
+/// The call sites of the allocations made by `call`: for each, the first ringccl frames of its
+/// backtrace (function names; the test binary keeps its symbol table).
+fn allocation_sites(mut call: impl FnMut()) -> Vec<String> {
+    TRACES.with(|t| t.borrow_mut().clear());
+    TRACING_ALLOCS.with(|t| t.set(true));
+    call();
+    TRACING_ALLOCS.with(|t| t.set(false));
+    let traces = TRACES.with(|t| std::mem::take(&mut *t.borrow_mut()));
+    traces
+        .iter()
+        .map(|bt| {
+            let frames: Vec<&str> = bt
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.contains("ringccl") && !l.starts_with("at "))
+                .filter(|l| !l.contains("driver_calls::"))
+                .take(4)
+                .collect();
+            if frames.is_empty() {
+                "(no ringccl frame)".to_string()
+            } else {
+                frames.join(" <- ")
+            }
+        })
+        .collect()
 }
 
 // SAFETY: every call is forwarded to the system allocator unchanged.
@@ -107,6 +149,8 @@ struct Promise {
     /// Stream waits (`cuStreamWaitEvent`) per call, where promised: none on plain buffers when
     /// the previous call ran on the same stream (stream order suffices), one when it did not.
     waits: Option<u64>,
+    /// Heap allocations per call, where promised.
+    allocs: Option<u64>,
 }
 
 const EAGER: Promise = Promise {
@@ -114,23 +158,35 @@ const EAGER: Promise = Promise {
     no_copy: false,
     graphs: 0,
     waits: Some(0),
+    allocs: Some(0),
 };
 const EAGER_NO_COPY: Promise = Promise {
     launches: 1,
     no_copy: true,
     graphs: 0,
     waits: Some(0),
+    allocs: Some(0),
 };
 const REPLAY: Promise = Promise {
     launches: 0,
     no_copy: true,
     graphs: 1,
     waits: None,
+    allocs: Some(0),
 };
 
-/// Checks `calls` (made by [`CALLS`] calls of `case`) against `p`; returns the broken promises.
-fn broken(case: &str, calls: &Calls, p: Promise) -> Vec<String> {
+/// Checks `calls` and `allocs` (made by [`CALLS`] calls of `case`) against `p`; returns the
+/// broken promises.
+fn broken(case: &str, calls: &Calls, allocs: u64, p: Promise) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(a) = p.allocs {
+        if allocs != a * CALLS {
+            out.push(format!(
+                "{case}: {allocs} heap allocations in {CALLS} calls, {} promised",
+                a * CALLS
+            ));
+        }
+    }
     for f in NEVER {
         if calls.matching(f) > 0 {
             out.push(format!(
@@ -204,7 +260,17 @@ impl Counter {
                 allocs as f64 / CALLS as f64
             );
         }
-        self.broken.extend(broken(name, &calls, p));
+        // One more call on every rank (the peers' calls must match), its allocations traced.
+        let mut sites = allocation_sites(&mut call);
+        comm.synchronize().expect("synchronize");
+        if self.rank == 0 {
+            sites.sort();
+            sites.dedup();
+            for site in sites {
+                println!("  allocates: {site}");
+            }
+        }
+        self.broken.extend(broken(name, &calls, allocs, p));
     }
 }
 
@@ -353,8 +419,27 @@ fn rank_counts_driver_calls() {
                 .expect("all_gather");
         },
     );
+    me.case(&comm, "broadcast 4 KiB (LL)", EAGER_NO_COPY, || {
+        comm.broadcast(&mut [Io::out_of_place(&send, &mut recv)], small, 0, &s)
+            .expect("broadcast");
+    });
+    me.case(&comm, "reduce 4 KiB (LL)", EAGER_NO_COPY, || {
+        comm.reduce(
+            &mut [Io::out_of_place(&send, &mut recv)],
+            small,
+            RedOp::Sum,
+            0,
+            &s,
+        )
+        .expect("reduce");
+    });
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    me.case(&comm, "send/recv 4 KiB (ring shift)", EAGER_NO_COPY, || {
+    // The point-to-point planner's lists are still allocated per group (shown, not promised).
+    let p2p = Promise {
+        allocs: None,
+        ..EAGER_NO_COPY
+    };
+    me.case(&comm, "send/recv 4 KiB (ring shift)", p2p, || {
         let mut ops = [
             PeerOp::send(rank, next, &send, small),
             PeerOp::recv(rank, prev, &mut recv, small),
@@ -393,6 +478,7 @@ fn rank_counts_driver_calls() {
         "all_reduce 4 KiB on cudarc slices (LL)",
         Promise {
             waits: None,
+            allocs: None,
             ..EAGER_NO_COPY
         },
         || {

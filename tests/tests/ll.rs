@@ -1,6 +1,7 @@
 //! GPU test of the LL push all-reduce among processes (`gpu_kernels::ll`, the plan
 //! `ProcessLl`), and of the LL all-gather and reduce-scatter (`ProcessLlGather`,
-//! `ProcessLlReduceScatter`, interleaved with all-reduces): every size up to the LL limit, every type the host API has and every
+//! `ProcessLlReduceScatter`) and of the broadcast and reduce on the LL all-reduce kernel
+//! (`ProcessLlBroadcast`, `ProcessLlReduce`; each interleaved with all-reduces): every size up to the LL limit, every type the host API has and every
 //! operator, in place and out of place, streams alternating, many calls in a row (the epoch's
 //! parity wraps thousands of times), each result compared bit for bit with the CPU's fold of
 //! the ranks' inputs in rank order (`gpu_kernels::op::RedOp`, the arithmetic the kernels use).
@@ -19,7 +20,9 @@ use gpu_kernels::element::Element;
 use gpu_kernels::ll::LL_MAX_BYTES;
 use gpu_kernels::op::RedOp as KOp;
 use ringccl::internals::api::collective::Collective;
-use ringccl::internals::plan::call::{ll_fits, ll_gather_fits, ll_reduce_scatter_fits};
+use ringccl::internals::plan::call::{
+    ll_fits, ll_gather_fits, ll_reduce_scatter_fits, ll_rooted_fits,
+};
 use ringccl::{Communicator, Config, DeviceElement, Io, RedOp};
 use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
@@ -376,6 +379,184 @@ fn reduce_scatter_sweep<T: Elem>(
     (calls, wrong)
 }
 
+/// One LL broadcast of `bytes` from `root`, call `k`, on `stream`: the root's input is
+/// `input(root, k, bytes)`, every f32-sized word of it made a NaN or a negative zero now and
+/// then (a broadcast moves bytes: a sum of floats would change both); the other ranks' outputs
+/// start as other bytes. In place on every rank or out of place on every rank (the root's
+/// output then its receive buffer). Returns the wrong bytes.
+fn one_broadcast(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    (r, root): (usize, usize),
+    k: usize,
+    bytes: usize,
+    in_place: bool,
+) -> usize {
+    let mut want = input::<u8>(root, k, bytes);
+    for (w, word) in want.chunks_mut(4).enumerate() {
+        let special: &[u8] = match (k + w) % 7 {
+            0 => &[0x00, 0x00, 0xc0, 0x7f], // NaN
+            3 => &[0x00, 0x00, 0x00, 0x80], // -0.0
+            _ => continue,
+        };
+        let len = word.len();
+        word.copy_from_slice(&special[..len]);
+    }
+    let before: Vec<u8> = (0..bytes).map(|i| (i as u8) ^ 0x5a).collect();
+    let mut out: CudaSlice<u8> = stream
+        .clone_htod(if r == root { &want } else { &before })
+        .expect("upload");
+    let call = if in_place {
+        comm.broadcast(&mut [Io::in_place(&mut out)], bytes, root, &[stream])
+    } else if r == root {
+        let send: CudaSlice<u8> = stream.clone_htod(&want).expect("upload");
+        let mut recv: CudaSlice<u8> = stream.clone_htod(&before).expect("upload");
+        let called = comm.broadcast(
+            &mut [Io::out_of_place(&send, &mut recv)],
+            bytes,
+            root,
+            &[stream],
+        );
+        out = recv;
+        called
+    } else {
+        comm.broadcast(&mut [Io::recv_only(&mut out)], bytes, root, &[stream])
+    };
+    call.unwrap_or_else(|e| panic!("rank {r}: broadcast of {bytes} from {root}: {e}"));
+    let got = stream.clone_dtoh(&out).expect("download");
+    got.iter().zip(&want).filter(|(g, w)| g != w).count()
+}
+
+/// One LL reduce of `count` elements to `root`, call `k`: the root's output is [`expected`];
+/// a non-root's receive buffer (given out of place) is left as it was. Returns the wrong
+/// elements.
+#[allow(clippy::too_many_arguments)]
+fn one_reduce<T: Elem>(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    (r, n, root): (usize, usize, usize),
+    k: usize,
+    count: usize,
+    op: RedOp,
+    in_place: bool,
+) -> usize {
+    let mine = input::<T>(r, k, count);
+    let mut send: CudaSlice<T> = stream.clone_htod(&mine).expect("upload");
+    let before = vec![T::make(99); count];
+    let mut recv: CudaSlice<T> = stream.clone_htod(&before).expect("upload");
+    let call = if in_place {
+        comm.reduce(&mut [Io::in_place(&mut send)], count, op, root, &[stream])
+    } else {
+        comm.reduce(
+            &mut [Io::out_of_place(&send, &mut recv)],
+            count,
+            op,
+            root,
+            &[stream],
+        )
+    };
+    call.unwrap_or_else(|e| panic!("rank {r}: reduce of {count} ({op:?}) to {root}: {e}"));
+    match (r == root, in_place) {
+        (true, true) => mismatches(
+            &stream.clone_dtoh(&send).expect("download"),
+            &expected::<T>(n, k, count, op),
+        ),
+        (true, false) => mismatches(
+            &stream.clone_dtoh(&recv).expect("download"),
+            &expected::<T>(n, k, count, op),
+        ),
+        // A non-root's buffers are its own: the input unchanged, the receive buffer untouched.
+        (false, true) => mismatches(&stream.clone_dtoh(&send).expect("download"), &mine),
+        (false, false) => mismatches(&stream.clone_dtoh(&recv).expect("download"), &before),
+    }
+}
+
+/// The broadcast and reduce on the LL kernel: sizes up to the LL limit, every root, in place
+/// and out of place, each followed by a small LL all-reduce on another stream (they share the
+/// epochs); returns (calls, wrong elements).
+fn rooted_sweep(
+    comm: &Communicator,
+    streams: &[Arc<CudaStream>],
+    (r, n): (usize, usize),
+    k: &mut usize,
+) -> (usize, usize) {
+    let (mut calls, mut wrong) = (0, 0);
+    let after = |k: &mut usize, calls: &mut usize, wrong: &mut usize| {
+        *k += 1;
+        let other = &streams[*k % streams.len()];
+        *wrong += one_call::<f32>(comm, other, (r, n), *k, 1 + *k % 300, RedOp::Sum, false);
+        *calls += 1;
+        *k += 1;
+    };
+    for bytes in [
+        1,
+        2,
+        3,
+        7,
+        8,
+        9,
+        15,
+        16,
+        17,
+        63,
+        64,
+        65,
+        1000,
+        4096,
+        4099,
+        LL_MAX_BYTES - 1,
+        LL_MAX_BYTES,
+    ] {
+        let c = Collective::Broadcast {
+            count: bytes,
+            root: 0,
+        };
+        assert!(
+            ll_rooted_fits(c, bytes, n, comm.config()),
+            "{bytes} bytes run on the LL broadcast"
+        );
+        for root in 0..n {
+            for in_place in [false, true] {
+                let stream = &streams[*k % streams.len()];
+                let bad = one_broadcast(comm, stream, (r, root), *k, bytes, in_place);
+                if bad > 0 {
+                    eprintln!("rank {r}: LL broadcast of {bytes} bytes from {root} in_place={in_place}: {bad} wrong");
+                }
+                wrong += bad;
+                calls += 1;
+                after(k, &mut calls, &mut wrong);
+            }
+        }
+    }
+    let max = LL_MAX_BYTES / 4;
+    for count in [1, 2, 3, 17, 257, 1023, max / 2 + 3, max] {
+        let c = Collective::Reduce { count, root: 0 };
+        assert!(
+            ll_rooted_fits(c, count * 4, n, comm.config()),
+            "{count} f32 run on the LL reduce"
+        );
+        for (j, op) in [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg]
+            .into_iter()
+            .enumerate()
+        {
+            let root = (count + j) % n;
+            for in_place in [false, true] {
+                let stream = &streams[*k % streams.len()];
+                let bad = one_reduce::<f32>(comm, stream, (r, n, root), *k, count, op, in_place)
+                    + one_reduce::<i32>(comm, stream, (r, n, root), *k + 1, count, op, in_place);
+                if bad > 0 {
+                    eprintln!("rank {r}: LL reduce of {count} {op:?} to {root} in_place={in_place}: {bad} wrong");
+                }
+                wrong += bad;
+                calls += 2;
+                *k += 1;
+                after(k, &mut calls, &mut wrong);
+            }
+        }
+    }
+    (calls, wrong)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; started by ll_all_reduce_across_processes as each rank"]
 fn rank_runs_ll() {
@@ -429,6 +610,10 @@ fn rank_runs_ll() {
         w += w1;
     }
     println!("rank {r} of {n}: {c} LL reduce-scatters and all-reduces interleaved, {w} wrong");
+    calls += c;
+    wrong += w;
+    let (c, w) = rooted_sweep(&comm, &streams, (r, n), &mut k);
+    println!("rank {r} of {n}: {c} LL broadcasts, reduces and all-reduces interleaved, {w} wrong");
     calls += c;
     wrong += w;
     // Many calls in a row on one stream, then alternating (every third call on another),

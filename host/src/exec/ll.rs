@@ -1,6 +1,7 @@
 //! The executor of the LL push all-reduce among processes ([`crate::plan::call::CallPlan::ProcessLl`];
 //! also the LL all-gather and reduce-scatter, `ProcessLlGather`, `ProcessLlReduceScatter`,
-//! kernel `gpu_kernels::ll`): ONE kernel per rank, which reads the input straight from the
+//! and the broadcast and reduce on the all-reduce's kernel, `ProcessLlBroadcast`,
+//! `ProcessLlReduce`, [`Rooted`]; kernel `gpu_kernels::ll`): ONE kernel per rank, which reads the input straight from the
 //! caller's buffer (no staging copy into the scratch), stores it as packets with the flag
 //! inside into every peer's LL area (in the peer's flag area, mapped by this process), and
 //! folds the peers' packets in rank order into the output. One exchange per call; the epoch
@@ -29,6 +30,62 @@ fn reduce_bufs(mine: RankPtrs, rank: usize, count: usize, size: usize, scatter: 
         recv => recv,
     };
     (mine.send, dst)
+}
+
+/// A broadcast or reduce on the LL all-reduce kernel. Every rank runs the all-reduce, so every
+/// rank pushes packets to every peer and the parity double-buffering stays safe as for the
+/// all-reduce (a rank cannot start call `k + 2` before every peer's packets of call `k + 1`
+/// have reached it, so every peer is done reading call `k`'s):
+/// - a broadcast: the root's input, as bytes (`u8`, summed), with every other rank's input its
+///   zeros ([`Windows::ll_zeros`]): `x + 0 + … + 0` is `x` exactly for integers, so every
+///   rank gets the root's bytes, whatever their type;
+/// - a reduce: the all-reduce itself, a non-root's output its sink ([`Windows::ll_sink`]).
+///
+/// [`Windows::ll_zeros`]: crate::transport::ipc::Windows::ll_zeros
+/// [`Windows::ll_sink`]: crate::transport::ipc::Windows::ll_sink
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rooted {
+    /// A broadcast from `root`.
+    Broadcast {
+        /// The root.
+        root: usize,
+    },
+    /// A reduce to `root`.
+    Reduce {
+        /// The root.
+        root: usize,
+    },
+}
+
+/// This rank's (input, output) of a [`Rooted`] call (0 where it has none: refused).
+fn rooted_bufs(call: &ProcessCall<'_>, rooted: Rooted, mine: RankPtrs) -> (u64, u64) {
+    let windows = &call.state.windows;
+    let (zeros, sink) = (windows.ll_zeros().unwrap_or(0), windows.ll_sink().unwrap_or(0));
+    let r = call.state.rank;
+    let or = |p: u64, other: u64| if p != 0 { p } else { other };
+    match rooted {
+        // The root's output: its receive buffer, in place its send buffer, or none (its sink).
+        Rooted::Broadcast { root } if r == root => (mine.send, or(mine.recv, sink)),
+        Rooted::Broadcast { .. } => (zeros, mine.recv),
+        Rooted::Reduce { root } if r == root => (mine.send, or(mine.recv, mine.send)),
+        Rooted::Reduce { .. } => (mine.send, sink),
+    }
+}
+
+/// Why this rank cannot run the [`Rooted`] call of `count` elements of `size` bytes on
+/// `mine`, or `None`.
+pub(crate) fn rooted_refusal(
+    call: &ProcessCall<'_>,
+    rooted: Rooted,
+    count: usize,
+    size: usize,
+    mine: RankPtrs,
+) -> Option<String> {
+    let (src, dst) = rooted_bufs(call, rooted, mine);
+    if src == 0 || dst == 0 {
+        return Some(format!("{rooted:?} on the LL kernel without an input or an output on this rank"));
+    }
+    ll_refusal(call.state.sent.len(), count.saturating_mul(size), (src, dst), size)
 }
 
 /// Why this rank cannot run an LL all-reduce (or, `scatter`, reduce-scatter) of `count`
@@ -137,13 +194,58 @@ pub(crate) fn execute(
     (count, scatter): (usize, bool),
     stream: &CudaStream,
 ) -> Result<()> {
-    let (r, n) = call.kernel_ranks(if scatter { "LL reduce-scatter" } else { "LL all-reduce" })?;
+    let what = if scatter { "LL reduce-scatter" } else { "LL all-reduce" };
+    let bufs = reduce_bufs(mine, call.state.rank, count, dtype.size(), scatter);
+    // SAFETY: `bufs` are this rank's buffers of `count` elements, or with `scatter` `n * count`
+    // and `count` (in place, block `r` of the input) (validated by the collective).
+    unsafe { launch_reduce(call, what, (dtype, op), bufs, (count, scatter), stream) }
+}
+
+/// Enqueues this rank's part of the [`Rooted`] call of `count` elements of `dtype` (a
+/// broadcast: bytes, `u8` and `Sum`) on the LL all-reduce kernel. The caller has checked
+/// [`rooted_refusal`].
+pub(crate) fn execute_rooted(
+    call: &mut ProcessCall<'_>,
+    rooted: Rooted,
+    (dtype, op): (DataType, RedOp),
+    mine: RankPtrs,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let what = match rooted {
+        Rooted::Broadcast { .. } => "LL broadcast",
+        Rooted::Reduce { .. } => "LL reduce",
+    };
+    let bufs = rooted_bufs(call, rooted, mine);
+    // SAFETY: the root's input and output are its buffers of `count` elements (validated by the
+    // collective; its output may be its input, or its sink); a non-root's input is its send
+    // buffer (a reduce) or its zeros (a broadcast), its output its receive buffer (a
+    // broadcast) or its sink (a reduce), each `LL_MAX_BYTES` of its flag area, at least
+    // `count` elements (`rooted_refusal`, `ll_refusal`), which no other kernel touches.
+    unsafe { launch_reduce(call, what, (dtype, op), bufs, (count, false), stream) }
+}
+
+/// Enqueues this rank's LL all-reduce kernel of `count` elements from `src` into `dst` (with
+/// `scatter`, its reduce-scatter of `count` elements per rank).
+///
+/// # Safety
+/// `src` and `dst` are device memory of this rank's context of `count` elements, or with
+/// `scatter` `n * count` and `count` (`dst` may be `src`, or its block `rank`), alive until the
+/// kernel has run.
+unsafe fn launch_reduce(
+    call: &mut ProcessCall<'_>,
+    what: &str,
+    (dtype, op): (DataType, RedOp),
+    (src, dst): (u64, u64),
+    (count, scatter): (usize, bool),
+    stream: &CudaStream,
+) -> Result<()> {
+    let (r, n) = call.kernel_ranks(what)?;
     if count == 0 {
         return Ok(());
     }
     call.me.kernels.ll_ready(dtype, op)?;
     let areas = begin(call, stream, n)?;
-    let (src, dst) = reduce_bufs(mine, r, count, dtype.size(), scatter);
     // The rank count, as the one-shot kernel has it (only `avg`'s finish uses it).
     let postdiv = u32::try_from(n).unwrap_or(u32::MAX);
     let args = LlArgs {
@@ -157,9 +259,7 @@ pub(crate) fn execute(
         ctl: call.health.ctl(),
         timeout_ns: call.health.timeout_ns(),
     };
-    // SAFETY: `src` and `dst` are this rank's buffers of `count` elements, or with `scatter`
-    // `n * count` and `count` (in place, block `r` of the input) (validated by the
-    // collective); every LL area is a rank's flag area's LL part, mapped for the
+    // SAFETY: `src` and `dst` as the caller promises; every LL area is a rank's flag area's LL part, mapped for the
     // communicator's life and used only by its LL kernels, which on this rank run in call
     // order (the end of the previous call is waited for above, or, captured, the caller orders
     // the graph's launches); the control block is the communicator's.

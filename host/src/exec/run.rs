@@ -107,7 +107,9 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                 | CallPlan::ProcessPeers { .. }
                 | CallPlan::ProcessLl { .. }
                 | CallPlan::ProcessLlGather { .. }
-                | CallPlan::ProcessLlReduceScatter { .. } => true,
+                | CallPlan::ProcessLlReduceScatter { .. }
+                | CallPlan::ProcessLlBroadcast { .. }
+                | CallPlan::ProcessLlReduce { .. } => true,
                 CallPlan::ProcessRing { plan, .. } => plan.signals.count.iter().all(|&k| k == 0),
                 _ => false,
             };
@@ -157,6 +159,22 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                         return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
                     }
                     ll::execute(&mut call, dtype, op, mine, (*recvcount, true), stream)
+                }),
+                &CallPlan::ProcessLlBroadcast { bytes, root } => track.all(&mut || {
+                    let rooted = ll::Rooted::Broadcast { root };
+                    if let Some(why) = ll::rooted_refusal(&call, rooted, bytes, 1, mine) {
+                        // Nothing is launched: the peers' LL kernels end at their timeout.
+                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
+                    }
+                    ll::execute_rooted(&mut call, rooted, (DataType::U8, RedOp::Sum), mine, bytes, stream)
+                }),
+                &CallPlan::ProcessLlReduce { count, root } => track.all(&mut || {
+                    let rooted = ll::Rooted::Reduce { root };
+                    if let Some(why) = ll::rooted_refusal(&call, rooted, count, dtype.size(), mine) {
+                        // Nothing is launched: the peers' LL kernels end at their timeout.
+                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
+                    }
+                    ll::execute_rooted(&mut call, rooted, (dtype, op), mine, count, stream)
                 }),
                 CallPlan::ProcessRing { plan, .. } => {
                     call.ensure_scratch(plan.prepared.schedule.scratch_len.saturating_mul(dtype.size()))?;

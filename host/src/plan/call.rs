@@ -323,6 +323,24 @@ pub enum CallPlan {
         /// Elements per rank (of the output).
         recvcount: usize,
     },
+    /// Processes: a broadcast on the LL all-reduce kernel (`exec::ll`): the root's input,
+    /// as bytes (`u8`), summed with every other rank's zeros (`Windows::ll_zeros`), which is
+    /// the root's bytes exactly; one exchange per call ([`ll_rooted_fits`]).
+    ProcessLlBroadcast {
+        /// Bytes.
+        bytes: usize,
+        /// The root.
+        root: usize,
+    },
+    /// Processes: a reduce on the LL all-reduce kernel (`exec::ll`): every rank computes the
+    /// reduction, a non-root into its sink (`Windows::ll_sink`); one exchange per call
+    /// ([`ll_rooted_fits`]).
+    ProcessLlReduce {
+        /// Elements.
+        count: usize,
+        /// The root.
+        root: usize,
+    },
     /// Processes: the ring schedule through scratch, ordered by signals (`exec::process`).
     ProcessRing {
         /// Elements per step.
@@ -380,6 +398,16 @@ impl std::fmt::Debug for CallPlan {
             CallPlan::ProcessLlReduceScatter { recvcount } => {
                 f.debug_struct("ProcessLlReduceScatter").field("recvcount", recvcount).finish()
             }
+            CallPlan::ProcessLlBroadcast { bytes, root } => f
+                .debug_struct("ProcessLlBroadcast")
+                .field("bytes", bytes)
+                .field("root", root)
+                .finish(),
+            CallPlan::ProcessLlReduce { count, root } => f
+                .debug_struct("ProcessLlReduce")
+                .field("count", count)
+                .field("root", root)
+                .finish(),
             CallPlan::ProcessRing { chunk, plan } => f
                 .debug_struct("ProcessRing")
                 .field("chunk", chunk)
@@ -405,7 +433,9 @@ impl CallPlan {
             | CallPlan::ProcessShot { shot: Shot::One, .. }
             | CallPlan::ProcessLl { .. }
             | CallPlan::ProcessLlGather { .. }
-            | CallPlan::ProcessLlReduceScatter { .. } => Algorithm::OneShot,
+            | CallPlan::ProcessLlReduceScatter { .. }
+            | CallPlan::ProcessLlBroadcast { .. }
+            | CallPlan::ProcessLlReduce { .. } => Algorithm::OneShot,
             CallPlan::Shot { .. } | CallPlan::ProcessShot { .. } | CallPlan::ProcessShotChunks { .. } => {
                 Algorithm::TwoShot
             }
@@ -602,6 +632,16 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
             return Ok((CallPlan::ProcessLlReduceScatter { recvcount }, false));
         }
     }
+    if algorithm == Some(Algorithm::TwoShot) && ll_rooted_fits(c, c.count().saturating_mul(size), n, config) {
+        match c {
+            Collective::Broadcast { count, root } => {
+                let bytes = count.saturating_mul(size);
+                return Ok((CallPlan::ProcessLlBroadcast { bytes, root }, false));
+            }
+            Collective::Reduce { count, root } => return Ok((CallPlan::ProcessLlReduce { count, root }, false)),
+            _ => {}
+        }
+    }
     let shot = match algorithm {
         Some(Algorithm::OneShot) => Some(Shot::One),
         Some(Algorithm::TwoShot) => Some(Shot::Two {
@@ -703,7 +743,32 @@ pub fn ll_reduce_scatter_fits(c: Collective, bytes: usize, nranks: usize, config
     matches!(c, Collective::ReduceScatter { .. }) && ll_sized(bytes, nranks, config)
 }
 
-/// What the LL all-gather and reduce-scatter both need: no algorithm forced, 2 to `MAX_RANKS`
+/// Whether a broadcast or reduce of `bytes` among `nranks` processes of one machine, which
+/// would run on the two-shot kernel's barriers, runs on the LL all-reduce kernel instead (a
+/// broadcast as a sum of the root's bytes and the others' zeros, a reduce with the non-roots'
+/// results left in their sinks): no algorithm forced, 2 to `MAX_RANKS` ranks, at most
+/// [`Config::ll_max_bytes`] and the LL area's `gpu_kernels::ll::LL_MAX_BYTES`
+/// (`RINGCCL_LL_MAX_BYTES=0` turns it off with the other LL kernels).
+///
+/// ```
+/// use ringccl::internals::api::collective::Collective;
+/// use ringccl::internals::plan::call::ll_rooted_fits;
+/// use ringccl::Config;
+/// let c = Config::default();
+/// let bc = Collective::Broadcast { count: 1024, root: 1 };
+/// assert!(ll_rooted_fits(bc, 4096, 2, &c));
+/// assert!(ll_rooted_fits(Collective::Reduce { count: 1024, root: 0 }, 4096, 4, &c));
+/// assert!(!ll_rooted_fits(bc, 64 << 10, 2, &c));
+/// assert!(!ll_rooted_fits(Collective::AllGather { sendcount: 1024 }, 4096, 2, &c));
+/// let mut off = Config::default();
+/// off.ll_max_bytes = 0;
+/// assert!(!ll_rooted_fits(bc, 4096, 2, &off));
+/// ```
+pub fn ll_rooted_fits(c: Collective, bytes: usize, nranks: usize, config: &Config) -> bool {
+    matches!(c, Collective::Broadcast { .. } | Collective::Reduce { .. }) && ll_sized(bytes, nranks, config)
+}
+
+/// What the LL all-gather, reduce-scatter, broadcast and reduce need: no algorithm forced, 2 to `MAX_RANKS`
 /// ranks, at most [`Config::ll_max_bytes`] and the LL area's payload per rank.
 fn ll_sized(bytes: usize, nranks: usize, config: &Config) -> bool {
     config.algorithm.is_none()

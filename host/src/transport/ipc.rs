@@ -4,7 +4,8 @@
 //! Each rank allocates, with plain `cuMemAlloc` (what CUDA IPC exports):
 //! * a **flag area** of [`FLAG_BYTES`]: word `p` holds the latest signal count rank `p` wrote
 //!   there ([`crate::plan::signals`]), then the one-shot all-reduce's flag array, then the
-//!   two-shot all-reduce's flag region; fixed size, exchanged once;
+//!   two-shot all-reduce's flag region, the LL kernels' area and the rank's own LL zeros and
+//!   sink ([`Windows::ll_zeros`], [`Windows::ll_sink`]); fixed size, exchanged once;
 //! * a **point-to-point buffer** (communicators of at most `gpu_kernels::p2p::MAX_RANKS`
 //!   ranks): the device-side counters and slots of the point-to-point kernel
 //!   (`gpu_kernels::p2p`), fixed size, exchanged once, touched by no other kernel;
@@ -43,8 +44,17 @@ use crate::{Error, Result};
 /// all-reduce's flag array (`gpu_kernels::oneshot::FLAG_WORDS` words), then the two-shot
 /// all-reduce's flag region (`TWO_SHOT_FLAG_WORDS` words), then (at [`LL_AREA_OFFSET`]) the LL
 /// kernel's area (`gpu_kernels::ll::LL_AREA_BYTES`, about 1 MiB: it is used by nothing else,
-/// so no other call's data can ever look like an LL packet's flag).
-pub const FLAG_BYTES: usize = LL_AREA_OFFSET + gpu_kernels::ll::LL_AREA_BYTES;
+/// so no other call's data can ever look like an LL packet's flag), then (at
+/// [`LL_ROOTED_OFFSET`]) [`LL_ROOTED_BYTES`] that only the rank's own LL kernels touch.
+pub const FLAG_BYTES: usize = LL_ROOTED_OFFSET + LL_ROOTED_BYTES;
+
+/// Byte offset in a rank's flag area of its LL zeros and sink (after the LL area).
+pub const LL_ROOTED_OFFSET: usize = (LL_AREA_OFFSET + gpu_kernels::ll::LL_AREA_BYTES).next_multiple_of(256);
+
+/// Bytes of a rank's LL zeros and sink: `gpu_kernels::ll::LL_MAX_BYTES` of zeros (never
+/// written: a non-root's input to the LL broadcast) and as many of sink (written, never read:
+/// a non-root's output of the LL reduce; a root's of a broadcast with no receive buffer).
+pub const LL_ROOTED_BYTES: usize = 2 * gpu_kernels::ll::LL_MAX_BYTES;
 
 /// Byte offset of the LL area in a rank's flag area (256-byte aligned, after the two-shot
 /// flag region).
@@ -671,6 +681,20 @@ impl Windows {
     /// The address, in this process, of rank `q`'s LL area (see `gpu_kernels::ll`).
     pub fn ll_area(&self, q: usize) -> Option<u64> {
         self.flags.addr.get(q).map(|base| base + LL_AREA_OFFSET as u64)
+    }
+
+    /// This rank's `gpu_kernels::ll::LL_MAX_BYTES` of zeros in its flag area (zeroed at the
+    /// creation, written by no kernel): the input a non-root gives the LL all-reduce kernel
+    /// when it runs a broadcast (`exec::ll`).
+    pub fn ll_zeros(&self) -> Option<u64> {
+        self.flags.addr.get(self.rank).map(|base| base + LL_ROOTED_OFFSET as u64)
+    }
+
+    /// This rank's `gpu_kernels::ll::LL_MAX_BYTES` of sink in its flag area, after
+    /// [`Windows::ll_zeros`]: written by this rank's LL kernels where a rank has no output of
+    /// its own (a non-root of an LL reduce), read by no one.
+    pub fn ll_sink(&self) -> Option<u64> {
+        self.ll_zeros().map(|z| z + gpu_kernels::ll::LL_MAX_BYTES as u64)
     }
 
     /// The most blocks of this communicator's two-shot kernel (the same answer on every rank):

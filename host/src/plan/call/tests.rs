@@ -41,6 +41,9 @@ enum Want {
     ProcessLl,
     ProcessLlReduceScatter,
     ProcessLlGather,
+    /// A broadcast (of this many bytes) or reduce on the LL kernel, with this root.
+    ProcessLlBroadcast(usize, usize),
+    ProcessLlReduce(usize),
     /// Chunks of this many elements.
     ProcessShotChunks(usize),
     ProcessPeers,
@@ -144,6 +147,12 @@ fn matches(plan: &Result<(CallPlan, bool)>, want: &Want, count: usize) -> bool {
         (Ok((CallPlan::ProcessLlReduceScatter { recvcount }, new)), Want::ProcessLlReduceScatter) => {
             *recvcount == count && !*new
         }
+        (Ok((CallPlan::ProcessLlBroadcast { bytes, root }, new)), Want::ProcessLlBroadcast(b, r)) => {
+            bytes == b && root == r && !*new
+        }
+        (Ok((CallPlan::ProcessLlReduce { count: k, root }, new)), Want::ProcessLlReduce(r)) => {
+            *k == count && root == r && !*new
+        }
         (Ok((CallPlan::ProcessPeers { collective }, new)), Want::ProcessPeers) => collective.count() == count && !*new,
         (Ok((CallPlan::ProcessShotChunks { shot: Shot::Two { .. }, count: k, chunk, scratch }, new)), Want::ProcessShotChunks(c)) => {
             *k == count && chunk == c && *scratch <= crate::transport::ipc::MIN_SCRATCH_BYTES && !*new
@@ -240,7 +249,12 @@ fn every_branch_of_the_choice() {
         ("processes, sixteen ranks: ring", C::AllReduce { count: small }, OUT, Comm::Procs(16), d.clone(), Want::ProcessRing),
         ("processes, small all-gather: LL by default", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), d.clone(), Want::ProcessLlGather),
         ("processes, all-gather, LL all-gather off: two-shot", C::AllGather { sendcount: small }, OUT, Comm::Procs(4), gather_off.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
-        ("processes, reduce: two-shot", C::Reduce { count: small, root: 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::Reduce { root: 1 }, small, 2), small * 4)),
+        ("processes, small reduce: LL", C::Reduce { count: small, root: 1 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessLlReduce(1)),
+        ("processes, small broadcast in place: LL", C::Broadcast { count: small, root: 3 }, IN, Comm::Procs(4), d.clone(), Want::ProcessLlBroadcast(small * 4, 3)),
+        ("processes, broadcast at the LL limit: LL", C::Broadcast { count: ll_max, root: 0 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessLlBroadcast(ll_max * 4, 0)),
+        ("processes, broadcast above the LL limit: two-shot", C::Broadcast { count: ll_max + 1, root: 0 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 0 }, ll_max + 1, 2), (ll_max + 1) * 4)),
+        ("processes, reduce, LL off: two-shot", C::Reduce { count: small, root: 1 }, OUT, Comm::Procs(2), ll_off.clone(), Want::ProcessShot(ts(TwoShotOf::Reduce { root: 1 }, small, 2), small * 4)),
+        ("processes, broadcast, forced two-shot: two-shot", C::Broadcast { count: small, root: 1 }, OUT, Comm::Procs(2), forced(Algorithm::TwoShot), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), small * 4)),
         ("processes, gather: ring", C::Gather { sendcount: small, root: 0 }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         ("processes, large all-gather: ring", C::AllGather { sendcount: big }, OUT, Comm::Procs(2), d.clone(), Want::ProcessRing),
         // Processes of one machine, under CUDA-graph capture: the one-shot and two-shot
@@ -262,7 +276,9 @@ fn every_branch_of_the_choice() {
         ("captured small reduce-scatter: LL", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), d.clone(), Want::ProcessLlReduceScatter),
         ("captured reduce-scatter, LL off: two-shot", C::ReduceScatter { recvcount: small }, OUT, Comm::ProcsCapturing(4), ll_off.clone(), Want::ProcessShot(ts(TwoShotOf::ReduceScatter, 4 * small, 4), 4 * small * 4)),
         ("captured all-gather, LL all-gather off: two-shot", C::AllGather { sendcount: small }, IN, Comm::ProcsCapturing(4), gather_off.clone(), Want::ProcessShot(ts(TwoShotOf::AllGather, 4 * small, 4), 4 * small * 4)),
-        ("captured broadcast: two-shot", C::Broadcast { count: small, root: 1 }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), small * 4)),
+        ("captured small broadcast: LL", C::Broadcast { count: small, root: 1 }, OUT, pc2, d.clone(), Want::ProcessLlBroadcast(small * 4, 1)),
+        ("captured broadcast, LL off: two-shot", C::Broadcast { count: small, root: 1 }, OUT, pc2, ll_off.clone(), Want::ProcessShot(ts(TwoShotOf::Broadcast { root: 1 }, small, 2), small * 4)),
+        ("captured small reduce: LL", C::Reduce { count: small, root: 0 }, IN, Comm::ProcsCapturing(4), d.clone(), Want::ProcessLlReduce(0)),
         ("captured all-to-all: two-shot", C::AllToAll { count_per_peer: small }, OUT, pc2, d.clone(), Want::ProcessShot(ts(TwoShotOf::AllToAll, 2 * small, 2), 2 * small * 4)),
         ("captured large all-gather: a point-to-point group", C::AllGather { sendcount: big }, OUT, pc2, d.clone(), Want::ProcessPeers),
         ("captured gather: a point-to-point group", C::Gather { sendcount: small, root: 0 }, OUT, pc2, d.clone(), Want::ProcessPeers),
