@@ -45,6 +45,15 @@ assert ringccl.version() == s and ringccl.nccl_version() == 22809
 import ringccl.torch
 report = ringccl.torch.check()
 assert report["ringccl"] == s and "torch_nccl" not in report, report
+# Another NCCL's file opened by path with ctypes (as torch/__init__.py opens the nvidia-nccl
+# wheel's) is pointed at ringccl's library: still one NCCL mapped.
+import shutil, tempfile
+other = os.path.join(tempfile.mkdtemp(), "nvidia", "nccl", "lib")
+os.makedirs(other)
+shutil.copy(path, os.path.join(other, "libnccl.so.2"))
+h = ctypes.CDLL(os.path.join(other, "libnccl.so.2"), mode=ctypes.RTLD_GLOBAL)
+assert os.path.realpath(h._name) == os.path.realpath(path), h._name
+report = ringccl.torch.check()
 print("installed wheel: %s, ncclGetVersion %d, check() %s" % (s, v.value, report))
 PY
 )

@@ -4,10 +4,11 @@ Importing this module loads ringccl's ``libnccl.so.2`` with ``RTLD_GLOBAL``. A C
 PyTorch from PyPI links ``libtorch_cuda.so`` against ``libnccl.so.2`` (``NEEDED``) and finds it
 through its ``RPATH`` in the ``nvidia-nccl-cu1x`` wheel (``nvidia/nccl/lib``); when that fails,
 ``torch/__init__.py`` (``_load_global_deps`` / ``_preload_cuda_deps``) loads the wheel's
-``libnccl.so.*`` by path itself. Neither happens once ringccl's library is loaded: the dynamic
-loader satisfies a ``NEEDED`` entry with an already loaded library of that ``SONAME`` before
-searching any path, and ``_preload_cuda_deps`` runs only if loading ``libtorch_global_deps.so``
-fails. What must hold:
+``libnccl.so.*`` by path itself. Neither loads a second NCCL once ringccl's library is
+loaded: the dynamic loader satisfies a ``NEEDED`` entry with an already loaded library of that
+``SONAME`` before searching any path, and this module points every ``ctypes`` open of a file
+named ``libnccl.so*`` other than ringccl's at ringccl's library (an open by path would otherwise
+map the wheel's copy beside it). What must hold:
 
 * this module is imported before ``torch`` (importing it afterwards raises ``RuntimeError``,
   because NCCL is then already bound);
@@ -33,6 +34,34 @@ if "torch" in sys.modules and os.environ.get("RINGCCL_TORCH_LATE_OK") != "1":
     )
 
 _LIB = ringccl.load()
+_OURS = os.path.realpath(ringccl.library_path())
+_CDLL_INIT = ctypes.CDLL.__init__
+
+
+def _redirected(name):
+    """``name`` unless it is another NCCL library's file, then ringccl's library."""
+    try:
+        path = os.fsdecode(name)
+    except TypeError:
+        return name
+    if not os.path.basename(path).startswith("libnccl.so"):
+        return name
+    if os.path.realpath(path) == _OURS:
+        return name
+    return _OURS
+
+
+def _cdll_init(self, name, *args, **kwargs):
+    if name is not None:
+        name = _redirected(name)
+    _CDLL_INIT(self, name, *args, **kwargs)
+
+
+# torch's own loader (``torch/__init__.py``) opens the CUDA wheels' libraries by path with
+# ctypes, the ``nvidia-nccl`` wheel's ``libnccl.so.2`` among them; a library opened by path is
+# loaded anew even when one of its SONAME is loaded already. Such an open is pointed at
+# ringccl's library instead (already loaded: the same handle), so that one NCCL is mapped.
+ctypes.CDLL.__init__ = _cdll_init
 
 
 def _mapped_ncclish():
