@@ -450,6 +450,11 @@ def child_job(mode, nproc, env_extra, timeout):
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         cmd = [sys.executable, os.path.abspath(__file__), "--out", "-", "--child", mode,
                "--child-rank", str(r), "--child-world", str(nproc)]
+        if "ringccl.torch" in sys.modules:
+            # This job came to ringccl through `import ringccl.torch` (no LD_PRELOAD for the
+            # children to inherit): the child job comes the same way.
+            cmd[1:1] = ["-c", "import ringccl.torch, runpy, sys; sys.argv = sys.argv[1:]; "
+                        "runpy.run_path(sys.argv[0], run_name='__main__')"]
         # Output to files, not pipes: a child never blocks on a full pipe while another is read.
         log = tempfile.TemporaryFile(mode="w+")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), log))
