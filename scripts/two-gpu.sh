@@ -161,7 +161,7 @@ if have ringccl-perf; then
   [ "$ONE" = 1 ] && L=ringccl
   ranks perf2 500 2 "$PERF" --procs 2 --lib $L -t "$COLLS" -d float -b 8 -e 1G -f 4 -n 50 -w 5 --no-progress --json "$OUT/perf2.json"
   ranks perf2-graph 300 2 "$PERF" --procs 2 --lib $L -t "$COLLS" -d float -b 8 -e 64M -f 8 -n 50 -w 5 -G 1 --no-progress --json "$OUT/perf2-graph.json"
-  SMALL=(-t all_reduce,all_gather,reduce_scatter,broadcast,send_recv -d float -b 8 -e 64K -f 8 -n 200 -w 20 --untracked --no-progress)
+  SMALL=(-t all_reduce,all_gather,reduce_scatter,broadcast,reduce,send_recv -d float -b 8 -e 64K -f 8 -n 200 -w 20 --untracked --no-progress)
   ranks perf2-small 200 2 "$PERF" --procs 2 --lib $L "${SMALL[@]}" --json "$OUT/perf2-small.json"
   ranks perf2-registered 200 2 "$PERF" --procs 2 --lib $L --register -t all_reduce,all_gather,reduce_scatter -d float -b 32K -e 16M -f 4 -n 50 -w 5 --untracked --no-progress --json "$OUT/perf2-registered.json"
   # ringccl's switches the other way: the LL kernels off (the small calls on one-shot and
