@@ -15,7 +15,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "api",
         &[
-            "comm", "config", "debug", "dtype", "error", "exec", "kind", "plan", "schedule",
+            "comm", "config", "debug", "dtype", "error", "exec", "kind", "per_rank", "plan",
+            "schedule",
         ],
     ),
     (
@@ -38,6 +39,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "driver",
             "dtype",
             "error",
+            "per_rank",
             "plan",
             "resources",
             "schedule",
@@ -72,6 +74,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("debug", &["config"]),
     ("config", &["error"]),
     ("kind", &[]),
+    ("per_rank", &[]),
     ("dtype", &[]),
     ("error", &[]),
 ];

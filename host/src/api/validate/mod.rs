@@ -72,23 +72,26 @@ pub(crate) fn check_common(
             format!("{name}: the communicator has no ranks"),
         ));
     }
-    let whose = if k == n {
-        format!("a communicator of {n} ranks")
-    } else {
-        format!("the {k} rank(s) this communicator holds (of {n})")
+    // Formatted only for an error: a call that passes allocates nothing here.
+    let whose = || {
+        if k == n {
+            format!("a communicator of {n} ranks")
+        } else {
+            format!("the {k} rank(s) this communicator holds (of {n})")
+        }
     };
     if nargs != k {
         return Err(Error::invalid(
             None,
             Arg::Ranks,
-            format!("{name}: {nargs} per-rank arguments given for {whose}"),
+            format!("{name}: {nargs} per-rank arguments given for {}", whose()),
         ));
     }
     if streams.len() != k {
         return Err(Error::invalid(
             None,
             Arg::Stream,
-            format!("{name}: {} streams given for {whose}", streams.len()),
+            format!("{name}: {} streams given for {}", streams.len(), whose()),
         ));
     }
     if max_elems.and_then(|e| e.checked_mul(elem_size)).is_none() {
