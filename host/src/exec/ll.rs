@@ -72,40 +72,19 @@ fn rooted_bufs(call: &ProcessCall<'_>, rooted: Rooted, mine: RankPtrs) -> (u64, 
     }
 }
 
-/// Why this rank cannot run the [`Rooted`] call of `count` elements of `size` bytes on
-/// `mine`, or `None`.
-pub(crate) fn rooted_refusal(
-    call: &ProcessCall<'_>,
-    rooted: Rooted,
-    count: usize,
-    size: usize,
-    mine: RankPtrs,
-) -> Option<String> {
-    let (src, dst) = rooted_bufs(call, rooted, mine);
-    if src == 0 || dst == 0 {
-        return Some(format!("{rooted:?} on the LL kernel without an input or an output on this rank"));
+/// Refuses the call on this rank when `why` says it cannot run, before anything is launched
+/// (the planner chose an LL kernel for the size and rank count; the buffers must be aligned to
+/// their elements, which every other kernel needs too: a misaligned element access is a GPU
+/// fault). The peers' LL kernels then end at their timeout.
+fn refuse(call: &ProcessCall<'_>, why: Option<String>) -> Result<()> {
+    match why {
+        None => Ok(()),
+        Some(why) => Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why)),
     }
-    ll_refusal(call.state.sent.len(), count.saturating_mul(size), (src, dst), size)
-}
-
-/// Why this rank cannot run an LL all-reduce (or, `scatter`, reduce-scatter) of `count`
-/// elements of `dtype` per rank on `mine`, or `None` (the planner chose it for the size and
-/// rank count; the buffers must be aligned to their elements, which every other kernel needs
-/// too: a misaligned element access is a GPU fault, so it is refused here before anything is
-/// launched).
-pub(crate) fn refusal(
-    call: &ProcessCall<'_>,
-    dtype: DataType,
-    count: usize,
-    scatter: bool,
-    mine: RankPtrs,
-) -> Option<String> {
-    let bufs = reduce_bufs(mine, call.state.rank, count, dtype.size(), scatter);
-    ll_refusal(call.state.sent.len(), count.saturating_mul(dtype.size()), bufs, dtype.size())
 }
 
 /// Why this rank cannot run an LL all-gather of `bytes` per rank on `mine`, or `None`.
-pub(crate) fn gather_refusal(call: &ProcessCall<'_>, bytes: usize, mine: RankPtrs) -> Option<String> {
+fn gather_refusal(call: &ProcessCall<'_>, bytes: usize, mine: RankPtrs) -> Option<String> {
     if !call.me.kernels.has_ll_gather() {
         return Some(format!(
             "the loaded kernels lack {}",
@@ -137,14 +116,15 @@ fn begin(call: &ProcessCall<'_>, stream: &CudaStream, n: usize) -> Result<[u64; 
 }
 
 /// Enqueues this rank's LL all-gather of `bytes` per rank from `mine.send` into `mine.recv`
-/// (`gpu_kernels::ll::LL_GATHER_ENTRY`), ordered as the all-reduce is. The caller has checked
-/// [`gather_refusal`].
+/// (`gpu_kernels::ll::LL_GATHER_ENTRY`), ordered as the all-reduce is; refused first where
+/// it cannot run ([`gather_refusal`]).
 pub(crate) fn execute_gather(
     call: &mut ProcessCall<'_>,
     mine: RankPtrs,
     bytes: usize,
     stream: &CudaStream,
 ) -> Result<()> {
+    refuse(call, gather_refusal(call, bytes, mine))?;
     let (r, n) = call.kernel_ranks("LL all-gather")?;
     if bytes == 0 {
         return Ok(());
@@ -184,8 +164,8 @@ fn after_launch(call: &mut ProcessCall<'_>, launched: Result<()>, stream: &CudaS
 
 /// Enqueues this rank's LL all-reduce of `count` elements (see the module docs), or with
 /// `scatter` its reduce-scatter of `count` elements per rank (the same kernel: block `q` of
-/// the input goes to peer `q`, `gpu_kernels::ll`'s last section). The caller has checked
-/// [`refusal`].
+/// the input goes to peer `q`, `gpu_kernels::ll`'s last section); refused first where it
+/// cannot run (`ll_refusal`).
 pub(crate) fn execute(
     call: &mut ProcessCall<'_>,
     dtype: DataType,
@@ -196,14 +176,16 @@ pub(crate) fn execute(
 ) -> Result<()> {
     let what = if scatter { "LL reduce-scatter" } else { "LL all-reduce" };
     let bufs = reduce_bufs(mine, call.state.rank, count, dtype.size(), scatter);
+    let bytes = count.saturating_mul(dtype.size());
+    refuse(call, ll_refusal(call.state.sent.len(), bytes, bufs, dtype.size()))?;
     // SAFETY: `bufs` are this rank's buffers of `count` elements, or with `scatter` `n * count`
     // and `count` (in place, block `r` of the input) (validated by the collective).
     unsafe { launch_reduce(call, what, (dtype, op), bufs, (count, scatter), stream) }
 }
 
 /// Enqueues this rank's part of the [`Rooted`] call of `count` elements of `dtype` (a
-/// broadcast: bytes, `u8` and `Sum`) on the LL all-reduce kernel. The caller has checked
-/// [`rooted_refusal`].
+/// broadcast: bytes, `u8` and `Sum`) on the LL all-reduce kernel; refused first where this
+/// rank has no input or output, or where `ll_refusal` refuses them.
 pub(crate) fn execute_rooted(
     call: &mut ProcessCall<'_>,
     rooted: Rooted,
@@ -217,11 +199,17 @@ pub(crate) fn execute_rooted(
         Rooted::Reduce { .. } => "LL reduce",
     };
     let bufs = rooted_bufs(call, rooted, mine);
+    let why = if bufs.0 == 0 || bufs.1 == 0 {
+        Some(format!("{rooted:?} on the LL kernel without an input or an output on this rank"))
+    } else {
+        ll_refusal(call.state.sent.len(), count.saturating_mul(dtype.size()), bufs, dtype.size())
+    };
+    refuse(call, why)?;
     // SAFETY: the root's input and output are its buffers of `count` elements (validated by the
     // collective; its output may be its input, or its sink); a non-root's input is its send
     // buffer (a reduce) or its zeros (a broadcast), its output its receive buffer (a
     // broadcast) or its sink (a reduce), each `LL_MAX_BYTES` of its flag area, at least
-    // `count` elements (`rooted_refusal`, `ll_refusal`), which no other kernel touches.
+    // `count` elements (`ll_refusal`), which no other kernel touches.
     unsafe { launch_reduce(call, what, (dtype, op), bufs, (count, false), stream) }
 }
 

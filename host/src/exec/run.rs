@@ -138,43 +138,22 @@ pub(crate) fn run<S: AsRef<CudaStream>>(plan: &CallPlan, handle: Handle<'_>, arg
                     }
                     track.all(&mut || super::p2p::collective(&mut call, *collective, (dtype, op), mine, stream))
                 }
-                CallPlan::ProcessLl { count } => track.all(&mut || {
-                    if let Some(why) = ll::refusal(&call, dtype, *count, false, mine) {
-                        // Nothing is launched: the peers' LL kernels end at their timeout.
-                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
-                    }
-                    ll::execute(&mut call, dtype, op, mine, (*count, false), stream)
-                }),
+                // Each LL executor refuses a call it cannot run before anything is launched.
+                CallPlan::ProcessLl { count } => {
+                    track.all(&mut || ll::execute(&mut call, dtype, op, mine, (*count, false), stream))
+                }
                 CallPlan::ProcessLlGather { sendcount } => track.all(&mut || {
-                    let bytes = sendcount.saturating_mul(dtype.size());
-                    if let Some(why) = ll::gather_refusal(&call, bytes, mine) {
-                        // Nothing is launched: the peers' LL kernels end at their timeout.
-                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
-                    }
-                    ll::execute_gather(&mut call, mine, bytes, stream)
+                    ll::execute_gather(&mut call, mine, sendcount.saturating_mul(dtype.size()), stream)
                 }),
-                CallPlan::ProcessLlReduceScatter { recvcount } => track.all(&mut || {
-                    if let Some(why) = ll::refusal(&call, dtype, *recvcount, true, mine) {
-                        // Nothing is launched: the peers' LL kernels end at their timeout.
-                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
-                    }
-                    ll::execute(&mut call, dtype, op, mine, (*recvcount, true), stream)
-                }),
+                CallPlan::ProcessLlReduceScatter { recvcount } => {
+                    track.all(&mut || ll::execute(&mut call, dtype, op, mine, (*recvcount, true), stream))
+                }
                 &CallPlan::ProcessLlBroadcast { bytes, root } => track.all(&mut || {
                     let rooted = ll::Rooted::Broadcast { root };
-                    if let Some(why) = ll::rooted_refusal(&call, rooted, bytes, 1, mine) {
-                        // Nothing is launched: the peers' LL kernels end at their timeout.
-                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
-                    }
                     ll::execute_rooted(&mut call, rooted, (DataType::U8, RedOp::Sum), mine, bytes, stream)
                 }),
                 &CallPlan::ProcessLlReduce { count, root } => track.all(&mut || {
-                    let rooted = ll::Rooted::Reduce { root };
-                    if let Some(why) = ll::rooted_refusal(&call, rooted, count, dtype.size(), mine) {
-                        // Nothing is launched: the peers' LL kernels end at their timeout.
-                        return Err(crate::Error::invalid(Some(call.state.rank), crate::Arg::Send, why));
-                    }
-                    ll::execute_rooted(&mut call, rooted, (dtype, op), mine, count, stream)
+                    ll::execute_rooted(&mut call, ll::Rooted::Reduce { root }, (dtype, op), mine, count, stream)
                 }),
                 CallPlan::ProcessRing { plan, .. } => {
                     call.ensure_scratch(plan.prepared.schedule.scratch_len.saturating_mul(dtype.size()))?;

@@ -632,12 +632,10 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
             return Ok((CallPlan::ProcessLlReduceScatter { recvcount }, false));
         }
     }
-    if algorithm == Some(Algorithm::TwoShot) && ll_rooted_fits(c, c.count().saturating_mul(size), n, config) {
+    let bytes = c.count().saturating_mul(size);
+    if algorithm == Some(Algorithm::TwoShot) && ll_rooted_fits(c, bytes, n, config) {
         match c {
-            Collective::Broadcast { count, root } => {
-                let bytes = count.saturating_mul(size);
-                return Ok((CallPlan::ProcessLlBroadcast { bytes, root }, false));
-            }
+            Collective::Broadcast { root, .. } => return Ok((CallPlan::ProcessLlBroadcast { bytes, root }, false)),
             Collective::Reduce { count, root } => return Ok((CallPlan::ProcessLlReduce { count, root }, false)),
             _ => {}
         }
@@ -652,7 +650,6 @@ fn choose_process(call: &CallShape, v: &ProcessView<'_>, config: &Config) -> Res
     };
     if let Some(shot) = shot {
         let count = c.count();
-        let bytes = count.saturating_mul(size);
         if shot == Shot::One && ll_fits(c, bytes, n, config) {
             return Ok((CallPlan::ProcessLl { count }, false));
         }
