@@ -200,8 +200,9 @@ mod dev {
     use core::arch::asm;
     use core::arch::nvptx::{_block_dim_x, _syncthreads, _thread_idx_x};
 
+    /// Stores packet `v` at `p` in one 16-byte store.
     #[inline(always)]
-    unsafe fn store_packet(p: *mut u8, v: [u32; 4]) {
+    pub(crate) unsafe fn store_packet(p: *mut u8, v: [u32; 4]) {
         // SAFETY: the caller guarantees `p` is a valid, 16-byte aligned packet.
         unsafe {
             asm!("st.volatile.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p,
@@ -210,8 +211,9 @@ mod dev {
         }
     }
 
+    /// The packet at `p`, read in one 16-byte load.
     #[inline(always)]
-    unsafe fn load_packet(p: *const u8) -> [u32; 4] {
+    pub(crate) unsafe fn load_packet(p: *const u8) -> [u32; 4] {
         let (a, b, c, d): (u32, u32, u32, u32);
         // SAFETY: the caller guarantees `p` is a valid, 16-byte aligned packet.
         unsafe {
@@ -537,7 +539,7 @@ mod dev {
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::{all_gather, all_reduce};
+pub(crate) use dev::{all_gather, all_reduce, load_packet, store_packet};
 
 /// The LL protocol on the CPU: ranks step through a sequence of calls (all-reduces and
 /// all-gathers alike: each pushes its packets to every peer, then takes every peer's) in random

@@ -7,11 +7,12 @@
 //! Each rank owns one buffer of [`buffer_bytes`]`(nranks)` (plain `cuMemAlloc`, zeroed once,
 //! mapped by its peers over CUDA IPC, used by no other kernel): a **header** of
 //! [`HEADER_WORDS`] `u64` counters, then one **region** of [`REGION_BYTES`] per source rank,
-//! each [`CHANNELS`] channels of [`SLOTS`] slots of [`SLOT_BYTES`].
+//! each [`CHANNELS`] channels of [`SLOTS`] slots of [`SLOT_BYTES`], then [`LL_CHANNELS`]
+//! channels of [`SLOTS`] LL slots of [`LL_SLOT_BYTES`] (the last section).
 //!
 //! A transfer of `b` bytes from rank `s` to rank `d` (every send from `s` to `d` in the
 //! group: one byte stream over their buffers, [`P2pPiece`]) is cut into [`chunks`]`(b)` chunks of
-//! [`SLOT_BYTES`] (the last may be shorter), dealt round-robin to [`channels`]`(b, cap)`
+//! [`SLOT_BYTES`] (the last may be shorter; of [`LL_CHUNK_BYTES`] for a small one, below), dealt round-robin to [`channels`]`(b, cap)`
 //! channels: chunk `i` goes through channel `i % C`. Both sides compute the same cut from the
 //! byte count alone. Channel `c` of the pair is one block on each side, with its own counters,
 //! counted over every group the pair ever ran on that channel (nothing is reset):
@@ -26,6 +27,24 @@
 //! `k + 1` into `DATA`; the receiver waits until `DATA >= k + 1`, copies the chunk out, fences
 //! and release-stores `k + 1` into `CONSUMED`. A group's first chunks wait for nothing but the
 //! slots' previous contents, so a small send costs one one-way trip.
+//!
+//! ## Small transfers: LL chunks
+//!
+//! A transfer of at most [`LL_MAX_BYTES`] ([`is_ll`]: both sides decide from the byte count)
+//! is cut into chunks of [`LL_CHUNK_BYTES`] instead, and a chunk moves as NCCL's LL packets
+//! (`crate::ll`: 8 bytes of payload and the chunk's flag twice in one 16-byte store) through
+//! the region's **LL slots** ([`ll_channel_offset`]: [`SLOTS`] slots of [`LL_SLOT_BYTES`] per
+//! channel, beside the other slots, so a packet slot never holds raw bytes whose words could
+//! pass for a flag). The `k`-th chunk of the channel (the same count as the other chunks: the
+//! two kinds interleave on a channel) fills LL slot `k % SLOTS` with flag
+//! `crate::ll::ll_flag(k + 1)`. The sender waits for `CONSUMED` as above, stores its packets
+//! and neither fences nor signals `DATA`; each receiving thread polls its own packets until
+//! they carry the flag (so the payload is there: no fence, no flag round trip), writes the
+//! payload out, and after a barrier thread 0 release-stores `k + 1` into `CONSUMED`. A small
+//! send costs one one-way trip of the data itself. A slot's stale packets carry the flag of
+//! an earlier chunk of its parity (`k - 2`, …), and zeroed memory flag 0, which `ll_flag` never
+//! gives; only a chunk exactly `2^32 - 1` chunks of the channel before (with no LL chunk of
+//! that parity since) could carry the same flag.
 //!
 //! Sends and receives run in different blocks; the host sizes the grid so that every block of
 //! every rank is resident at once ([`channel_cap`]), so a rank that sends to and receives from
@@ -63,8 +82,26 @@ pub const HEADER_WORDS: usize = 4 * MAX_RANKS * CHANNELS;
 /// Bytes of a header (a multiple of 256, so the regions stay aligned).
 pub const HEADER_BYTES: usize = HEADER_WORDS * 8;
 
-/// Bytes of one source rank's region.
-pub const REGION_BYTES: usize = CHANNELS * SLOTS * SLOT_BYTES;
+/// Most bytes of a transfer (one peer and direction of a group) that moves as LL chunks.
+pub const LL_MAX_BYTES: usize = 64 << 10;
+
+/// Payload bytes of an LL chunk.
+pub const LL_CHUNK_BYTES: usize = 8 << 10;
+
+/// Bytes of an LL slot: the packets of one LL chunk.
+pub const LL_SLOT_BYTES: usize =
+    LL_CHUNK_BYTES / crate::ll::PACKET_PAYLOAD * crate::ll::PACKET_BYTES;
+
+/// Channels with LL slots: enough for the chunks of the largest LL transfer.
+pub const LL_CHANNELS: usize = LL_MAX_BYTES / LL_CHUNK_BYTES;
+
+const _: () = assert!(LL_CHANNELS <= CHANNELS && LL_CHANNELS * LL_CHUNK_BYTES == LL_MAX_BYTES);
+
+/// Bytes of the slots of a region's channels (the LL slots follow them).
+const PLAIN_BYTES: usize = CHANNELS * SLOTS * SLOT_BYTES;
+
+/// Bytes of one source rank's region: its channels' slots, then their LL slots.
+pub const REGION_BYTES: usize = PLAIN_BYTES + LL_CHANNELS * SLOTS * LL_SLOT_BYTES;
 
 /// Role of a header word: chunks a peer has put into this rank's slots.
 pub const DATA: usize = 0;
@@ -116,10 +153,51 @@ pub const fn channel_offset(src: usize, channel: usize) -> usize {
     HEADER_BYTES + src * REGION_BYTES + channel * SLOTS * SLOT_BYTES
 }
 
+/// Offset in a rank's buffer of channel `channel`'s LL slots in the region it keeps for
+/// source `src` (`channel < LL_CHANNELS`).
+///
+/// ```
+/// use gpu_kernels::p2p::{channel_offset, ll_channel_offset, CHANNELS, SLOTS, SLOT_BYTES};
+/// assert_eq!(ll_channel_offset(1, 0), channel_offset(1, CHANNELS - 1) + SLOTS * SLOT_BYTES);
+/// ```
+#[inline(always)]
+pub const fn ll_channel_offset(src: usize, channel: usize) -> usize {
+    HEADER_BYTES + src * REGION_BYTES + PLAIN_BYTES + channel * SLOTS * LL_SLOT_BYTES
+}
+
+/// Whether a transfer of `bytes` moves as LL chunks (see the module docs).
+///
+/// ```
+/// use gpu_kernels::p2p::{is_ll, LL_MAX_BYTES};
+/// assert!(is_ll(1) && is_ll(LL_MAX_BYTES) && !is_ll(LL_MAX_BYTES + 1));
+/// ```
+#[inline(always)]
+pub const fn is_ll(bytes: usize) -> bool {
+    bytes <= LL_MAX_BYTES
+}
+
+/// Payload bytes of one chunk of a transfer of `bytes`: [`LL_CHUNK_BYTES`] if it is LL,
+/// else [`SLOT_BYTES`].
+#[inline(always)]
+pub const fn chunk_bytes(bytes: usize) -> usize {
+    if is_ll(bytes) {
+        LL_CHUNK_BYTES
+    } else {
+        SLOT_BYTES
+    }
+}
+
 /// Chunks of a transfer of `bytes`.
+///
+/// ```
+/// use gpu_kernels::p2p::{chunks, LL_MAX_BYTES, SLOT_BYTES};
+/// assert_eq!(chunks(LL_MAX_BYTES), 8); // LL chunks of 8 KiB
+/// assert_eq!(chunks(LL_MAX_BYTES + 1), 3); // chunks of SLOT_BYTES
+/// assert_eq!(chunks(0), 0);
+/// ```
 #[inline(always)]
 pub const fn chunks(bytes: usize) -> usize {
-    bytes.div_ceil(SLOT_BYTES)
+    bytes.div_ceil(chunk_bytes(bytes))
 }
 
 /// Channels of a transfer of `bytes` when at most `cap` are allowed: one per chunk, at most
@@ -128,7 +206,8 @@ pub const fn chunks(bytes: usize) -> usize {
 /// ```
 /// use gpu_kernels::p2p::{channels, SLOT_BYTES};
 /// assert_eq!(channels(8, 16), 1);
-/// assert_eq!(channels(SLOT_BYTES + 1, 16), 2);
+/// assert_eq!(channels(SLOT_BYTES + 1, 16), 5); // LL chunks of 8 KiB
+/// assert_eq!(channels(3 * SLOT_BYTES, 16), 3);
 /// assert_eq!(channels(2 << 20, 16), 16);
 /// assert_eq!(channels(2 << 20, 4), 4);
 /// assert_eq!(channels(0, 0), 1);
@@ -153,6 +232,8 @@ pub const fn channels(bytes: usize, cap: usize) -> usize {
 /// // 5 chunks over 2 channels: 0, 2, 4 and 1, 3.
 /// assert_eq!(channel_chunks(5 * SLOT_BYTES, 2, 0), 3);
 /// assert_eq!(channel_chunks(5 * SLOT_BYTES, 2, 1), 2);
+/// // 40 KiB: 5 LL chunks of 8 KiB.
+/// assert_eq!(channel_chunks(40 << 10, 2, 0), 3);
 /// assert_eq!(channel_chunks(0, 1, 0), 0);
 /// ```
 #[inline(always)]
@@ -204,9 +285,9 @@ pub struct P2pOpDesc {
     pub bytes: u64,
     /// A copy's source (a send's or receive's buffers are its pieces).
     pub user: u64,
-    /// A send: channel 0 of the region the peer keeps for this rank (in the peer's buffer, as
-    /// mapped here); a receive: channel 0 of the region this rank keeps for the peer; a copy:
-    /// its destination.
+    /// A send: the region the peer keeps for this rank (in the peer's buffer, as mapped here);
+    /// a receive: the region this rank keeps for the peer (channel `c`'s slots, or LL slots,
+    /// at their offset in it); a copy: its destination.
     pub slots: u64,
     /// A send: the peer's `DATA[rank][0]` word; a receive: the peer's `CONSUMED[rank][0]`
     /// word (channel `c` is `c` words further).
@@ -290,10 +371,11 @@ impl P2pArgs {
 #[cfg(target_arch = "nvptx64")]
 mod dev {
     use super::{
-        kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_OPS, RECVD, SENT, SLOTS,
-        SLOT_BYTES,
+        kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, HEADER_BYTES, LL_CHUNK_BYTES,
+        LL_SLOT_BYTES, MAX_OPS, RECVD, SENT, SLOTS, SLOT_BYTES,
     };
-    use crate::ctl::{fence_sys, store_release, wait_at_least};
+    use crate::ctl::{fence_sys, store_release, wait_at_least, wait_step};
+    use crate::ll::{load_packet, store_packet, PACKET_BYTES, PACKET_PAYLOAD};
     use crate::prim::Grid;
     use core::arch::asm;
     use core::arch::nvptx::{_block_dim_x, _block_idx_x, _syncthreads, _thread_idx_x};
@@ -410,6 +492,143 @@ mod dev {
         }
     }
 
+    /// The byte stream of an operation's pieces, as the LL chunks read and write it.
+    struct Stream<'a> {
+        args: &'a P2pArgs,
+        o: &'a P2pOpDesc,
+        /// The one piece of a one-buffer stream (`npieces == 1`), else unused.
+        single: P2pPiece,
+    }
+
+    impl Stream<'_> {
+        /// Payload bytes `[off, off + len)` (`len <= 8`) of the stream, little-endian (to the
+        /// stream, if `write`, from `*raw`; else into it): one 8-byte access where the stream
+        /// is one buffer and the bytes are 8-byte aligned in it, two 4-byte ones where they are
+        /// 4-byte aligned, else byte by byte across the pieces.
+        ///
+        /// # Safety
+        /// The pieces are valid for their bytes; `off + len` is within the stream.
+        #[inline(always)]
+        unsafe fn access(&self, off: u64, len: u64, raw: &mut u64, write: bool) {
+            // SAFETY (every access): inside a piece, per the caller.
+            unsafe {
+                if self.o.npieces == 1 && len == 8 {
+                    let a = self.single.user + off;
+                    if a % 8 == 0 {
+                        let p = a as *mut u64;
+                        if write {
+                            p.write(*raw);
+                        } else {
+                            *raw = p.read();
+                        }
+                        return;
+                    }
+                    if a % 4 == 0 {
+                        let p = a as *mut u32;
+                        if write {
+                            p.write(*raw as u32);
+                            p.add(1).write((*raw >> 32) as u32);
+                        } else {
+                            *raw = p.read() as u64 | (p.add(1).read() as u64) << 32;
+                        }
+                        return;
+                    }
+                }
+                let (mut start, mut idx, mut b) = (0u64, 0u32, 0u64);
+                while idx < self.o.npieces && b < len {
+                    let pc = if self.o.npieces == 1 {
+                        self.single
+                    } else {
+                        piece(self.args, self.o.first_piece + idx)
+                    };
+                    let end = start + pc.bytes;
+                    // `off + b >= start`: the pieces are walked in order.
+                    while b < len && off + b < end {
+                        let p = (pc.user + (off + b - start)) as *mut u8;
+                        if write {
+                            p.write((*raw >> (8 * b)) as u8);
+                        } else {
+                            *raw |= (p.read() as u64) << (8 * b);
+                        }
+                        b += 1;
+                    }
+                    start = end;
+                    idx += 1;
+                }
+            }
+        }
+    }
+
+    /// Bytes `[at, at + len)` of the stream as LL packets with `flag` into the LL slot `slot`,
+    /// packet `p` by thread `p % threads`.
+    ///
+    /// # Safety
+    /// As [`Stream::access`]; `slot` holds the chunk's packets.
+    #[inline(always)]
+    unsafe fn ll_send(
+        s: &Stream<'_>,
+        (tid, threads): (usize, usize),
+        (at, len): (u64, u64),
+        slot: u64,
+        flag: u32,
+    ) {
+        let packets = len.div_ceil(PACKET_PAYLOAD as u64) as usize;
+        let mut p = tid;
+        while p < packets {
+            let off = (p * PACKET_PAYLOAD) as u64;
+            let take = if len - off < 8 { len - off } else { 8 };
+            let mut raw = 0u64;
+            // SAFETY: per the caller.
+            unsafe {
+                s.access(at + off, take, &mut raw, false);
+                store_packet(
+                    (slot + (p * PACKET_BYTES) as u64) as *mut u8,
+                    crate::ll::pack(raw, flag),
+                );
+            }
+            p += threads;
+        }
+    }
+
+    /// The packets of LL slot `slot` once they carry `flag`, their payload written to bytes
+    /// `[at, at + len)` of the stream; `false` if a wait gave up (its status written, as
+    /// every wait's: `wait` is the control block, the timeout, the status slot and the peer).
+    ///
+    /// # Safety
+    /// As [`ll_send`].
+    #[inline(always)]
+    unsafe fn ll_recv(
+        s: &Stream<'_>,
+        (tid, threads): (usize, usize),
+        (at, len): (u64, u64),
+        slot: u64,
+        flag: u32,
+        (ctl, timeout_ns, status, peer): (*mut u64, u64, usize, usize),
+    ) -> bool {
+        let packets = len.div_ceil(PACKET_PAYLOAD as u64) as usize;
+        let mut p = tid;
+        while p < packets {
+            let off = (p * PACKET_PAYLOAD) as u64;
+            let take = if len - off < 8 { len - off } else { 8 };
+            let at_packet = (slot + (p * PACKET_BYTES) as u64) as *const u8;
+            let (mut polls, mut clock) = (0u32, (0u64, 32u32));
+            // SAFETY: per the caller.
+            unsafe {
+                let mut raw = loop {
+                    if let Some(v) = crate::ll::unpack(load_packet(at_packet), flag) {
+                        break v;
+                    }
+                    if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, status, peer) {
+                        return false;
+                    }
+                };
+                s.access(at + off, take, &mut raw, true);
+            }
+            p += threads;
+        }
+        true
+    }
+
     /// The body of `ringccl_p2p` (see the module docs).
     ///
     /// # Safety
@@ -460,7 +679,26 @@ mod dev {
                     let wait_word = header.add(word(wait_role, peer, c));
                     let own = header.add(word(own_role, peer, c));
                     let remote = (o.remote as *mut u64).add(c);
-                    let slots = o.slots + (c * SLOTS * SLOT_BYTES) as u64;
+                    let ll = super::is_ll(bytes);
+                    let (chunk_bytes, slot_bytes, slots) = if ll {
+                        (
+                            LL_CHUNK_BYTES,
+                            LL_SLOT_BYTES,
+                            o.slots + (super::ll_channel_offset(0, c) - HEADER_BYTES) as u64,
+                        )
+                    } else {
+                        (
+                            SLOT_BYTES,
+                            SLOT_BYTES,
+                            o.slots + (super::channel_offset(0, c) - HEADER_BYTES) as u64,
+                        )
+                    };
+                    // A stream of one buffer (the usual case): its piece read once.
+                    let single = if o.npieces == 1 {
+                        piece(args, o.first_piece)
+                    } else {
+                        P2pPiece::default()
+                    };
                     let base = core::ptr::read_volatile(own);
                     let n = super::channel_chunks(bytes, o.channels as usize, c);
                     let mut j = 0;
@@ -468,8 +706,9 @@ mod dev {
                         let k = base + j as u64;
                         let i = c + j * o.channels as usize;
                         let mut ok = true;
-                        if tid == 0 {
-                            // A send needs the slot's previous chunk out; a receive, this chunk in.
+                        // A send needs the slot's previous chunk out; a plain receive, this
+                        // chunk in (an LL receive polls the packets themselves).
+                        if tid == 0 && (send || !ll) {
                             let need = if send {
                                 (k + 1).saturating_sub(SLOTS as u64)
                             } else {
@@ -490,20 +729,55 @@ mod dev {
                             // Gave up (status written): the host fails the communicator.
                             return;
                         }
-                        let at = i * SLOT_BYTES;
-                        let len = if bytes - at < SLOT_BYTES {
+                        let at = i * chunk_bytes;
+                        let len = if bytes - at < chunk_bytes {
                             bytes - at
                         } else {
-                            SLOT_BYTES
+                            chunk_bytes
                         };
-                        let slot = slots + (k % SLOTS as u64) * SLOT_BYTES as u64;
-                        chunk(args, &o, tid, threads, (at as u64, len as u64), slot, send);
-                        // Every thread's stores (a send) or loads (a receive) of the chunk come
-                        // before the signal, at system scope.
-                        fence_sys();
-                        _syncthreads();
-                        if tid == 0 {
-                            store_release(remote, k + 1);
+                        let slot = slots + (k % SLOTS as u64) * slot_bytes as u64;
+                        if ll {
+                            let flag = crate::ll::ll_flag(k + 1);
+                            let stream = Stream {
+                                args,
+                                o: &o,
+                                single,
+                            };
+                            if send {
+                                ll_send(
+                                    &stream,
+                                    (tid, threads),
+                                    (at as u64, len as u64),
+                                    slot,
+                                    flag,
+                                );
+                            } else {
+                                let got = ll_recv(
+                                    &stream,
+                                    (tid, threads),
+                                    (at as u64, len as u64),
+                                    slot,
+                                    flag,
+                                    (ctl, args.timeout_ns, args.slot as usize, peer),
+                                );
+                                if sync_any(!got) {
+                                    return;
+                                }
+                                // Every thread's packets are read (their values used): the
+                                // slot may be refilled.
+                                if tid == 0 {
+                                    store_release(remote, k + 1);
+                                }
+                            }
+                        } else {
+                            chunk(args, &o, tid, threads, (at as u64, len as u64), slot, send);
+                            // Every thread's stores (a send) or loads (a receive) of the chunk
+                            // come before the signal, at system scope.
+                            fence_sys();
+                            _syncthreads();
+                            if tid == 0 {
+                                store_release(remote, k + 1);
+                            }
                         }
                         j += 1;
                     }
@@ -530,9 +804,11 @@ mod tests {
         assert!(word(RECVD, MAX_RANKS - 1, CHANNELS - 1) < HEADER_WORDS);
         assert_eq!(channel_offset(1, 0), HEADER_BYTES + REGION_BYTES);
         assert_eq!(
-            channel_offset(MAX_RANKS - 1, CHANNELS - 1) + SLOTS * SLOT_BYTES,
+            ll_channel_offset(MAX_RANKS - 1, LL_CHANNELS - 1) + SLOTS * LL_SLOT_BYTES,
             buffer_bytes(MAX_RANKS)
         );
+        assert_eq!(ll_channel_offset(0, 0) % 256, 0);
+        assert_eq!(chunks(LL_MAX_BYTES), LL_CHANNELS);
         for bytes in [
             0,
             1,
@@ -540,6 +816,8 @@ mod tests {
             SLOT_BYTES,
             SLOT_BYTES + 1,
             17 * SLOT_BYTES + 5,
+            LL_MAX_BYTES,
+            LL_MAX_BYTES + 1,
             2 << 20,
         ] {
             for cap in [1, 3, 16, 40] {

@@ -434,18 +434,18 @@ fn rank_counts_driver_calls() {
         .expect("reduce");
     });
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    // The point-to-point planner's lists are still allocated per group (shown, not promised).
-    let p2p = Promise {
-        allocs: None,
-        ..EAGER_NO_COPY
-    };
-    me.case(&comm, "send/recv 4 KiB (ring shift)", p2p, || {
-        let mut ops = [
-            PeerOp::send(rank, next, &send, small),
-            PeerOp::recv(rank, prev, &mut recv, small),
-        ];
-        comm.peer_ops(&mut ops, &s).expect("peer_ops");
-    });
+    me.case(
+        &comm,
+        "send/recv 4 KiB (ring shift, LL)",
+        EAGER_NO_COPY,
+        || {
+            let mut ops = [
+                PeerOp::send(rank, next, &send, small),
+                PeerOp::recv(rank, prev, &mut recv, small),
+            ];
+            comm.peer_ops(&mut ops, &s).expect("peer_ops");
+        },
+    );
 
     // A captured LL all-reduce, replayed.
     stream

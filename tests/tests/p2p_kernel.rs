@@ -158,9 +158,12 @@ fn rank_p2p() {
         8,
         100,
         4096,
+        8193,
         SLOT - 1,
         SLOT,
         SLOT + 1,
+        65_536,
+        65_537,
         100_000,
         (1 << 20) + 3,
         2 << 20,
@@ -182,11 +185,74 @@ fn rank_p2p() {
         t0.elapsed().as_secs_f64()
     );
 
+    // 1b. LL transfers (at most 64 KiB: packets with the flag inside) on views at odd offsets
+    // (the kernel's 4-byte and byte paths) and one stream over several buffers of odd sizes on
+    // both sides, each round checked.
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    for (k, &(bytes, off_send, off_recv)) in [
+        (5, 1, 3),
+        (13, 4, 0),
+        (4097, 3, 4),
+        (8193, 0, 1),
+        (65_535, 4, 4),
+        (65_536, 2, 0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let seed = 500 + k as u64;
+        let mut data = vec![0u8; off_send];
+        data.extend(pattern(seed, r, next, bytes));
+        let src = s0.clone_htod(&data).expect("upload");
+        let mut dst = s0.alloc_zeros::<u8>(off_recv + bytes).expect("alloc");
+        {
+            let view = src.slice(off_send..off_send + bytes);
+            let mut into = dst.slice_mut(off_recv..off_recv + bytes);
+            let mut ops = [
+                PeerOp::send(r, next, &view, bytes),
+                PeerOp::recv(r, prev, &mut into, bytes),
+            ];
+            comm.peer_ops(&mut ops, &[s0]).expect("LL views");
+        }
+        let got = s0.clone_dtoh(&dst).expect("download");
+        bad += usize::from(got[off_recv..] != pattern(seed, prev, r, bytes)[..]);
+        bad += usize::from(got[..off_recv].iter().any(|&b| b != 0));
+    }
+    {
+        let parts = [1001usize, 7, 2000];
+        let total: usize = parts.iter().sum();
+        let whole = pattern(600, r, next, total);
+        let mut at = 0;
+        let srcs: Vec<CudaSlice<u8>> = parts
+            .iter()
+            .map(|&len| {
+                at += len;
+                s0.clone_htod(&whole[at - len..at]).expect("upload")
+            })
+            .collect();
+        let mut a = s0.alloc_zeros::<u8>(1500).expect("alloc");
+        let mut b = s0.alloc_zeros::<u8>(total - 1500).expect("alloc");
+        let mut ops: Vec<PeerOp<'_, u8>> = srcs
+            .iter()
+            .zip(parts)
+            .map(|(x, len)| PeerOp::send(r, next, x, len))
+            .collect();
+        ops.push(PeerOp::recv(r, prev, &mut a, 1500));
+        ops.push(PeerOp::recv(r, prev, &mut b, total - 1500));
+        comm.peer_ops(&mut ops, &[s0])
+            .expect("LL over several buffers");
+        drop(ops);
+        let mut got = s0.clone_dtoh(&a).expect("download");
+        got.extend(s0.clone_dtoh(&b).expect("download"));
+        bad += usize::from(got != pattern(600, prev, r, total));
+    }
+    assert_eq!(bad, 0, "rank {r}: wrong bytes in the LL transfers");
+    println!("rank {r} of {n}: LL views and streams right");
+
     // 2. Many small groups: ring shifts (to the next rank, from the previous one) on alternating
     // streams, buffers freed and re-allocated every group, with groups whose streams span
     // several buffers and an all-reduce in between.
-    let next = (r + 1) % n;
-    let prev = (r + n - 1) % n;
     for it in 0..200u64 {
         let s = &streams[it as usize % 2];
         let bytes = [8, 1000, 33_000, 70_001][it as usize % 4];

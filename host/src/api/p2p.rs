@@ -19,6 +19,7 @@ use super::stream_devices;
 use super::validate::{bytes, check_buf, check_common, Held};
 use crate::comm::Communicator;
 use crate::dtype::DeviceElement;
+use crate::per_rank::PerOp;
 use crate::plan::p2p::{self, Dir, P2pOp};
 use crate::plan::p2p_kernel;
 use crate::{exec, Arg, Error, Result};
@@ -352,7 +353,7 @@ impl Communicator {
     ) -> Result<()> {
         let size = T::DTYPE.size();
         let devices = self.devices();
-        let args: Vec<OpArgs> = ops.iter().map(PeerOp::args).collect();
+        let args: PerOp<OpArgs> = ops.iter().map(PeerOp::args).collect();
         let held = Held {
             nranks: self.nranks(),
             ranks: self.local_ranks(),
@@ -361,7 +362,7 @@ impl Communicator {
         validate_peer_ops(&args, &held, &stream_devices(streams), size)?;
         self.health().check()?;
         let local = self.local_ranks();
-        let bufs: Vec<(usize, u64, Arg)> = args
+        let bufs: PerOp<(usize, u64, Arg)> = args
             .iter()
             .filter(|o| o.count > 0)
             .filter_map(|o| {
@@ -425,7 +426,7 @@ impl Communicator {
                 reason: "no stream for this process's rank".into(),
             });
         };
-        let pops: Vec<P2pOp> = args
+        let pops: PerOp<P2pOp> = args
             .iter()
             .map(|o| P2pOp {
                 dir: o.dir,
@@ -433,7 +434,7 @@ impl Communicator {
                 bytes: o.count.saturating_mul(size), // checked by validate_peer_ops
             })
             .collect();
-        let bufs: Vec<u64> = args.iter().map(|o| o.buf.ptr).collect();
+        let bufs: PerOp<u64> = args.iter().map(|o| o.buf.ptr).collect();
         let mut call = self.process_call(p);
         let me = self.resources(p.rank);
         // The one-kernel path (device-side counters): at most 8 ranks, every one over CUDA
@@ -471,7 +472,7 @@ impl Communicator {
         }
         if let Some(kargs) = &kernel {
             // cudarc's event tracking of the buffers, not while capturing (as the collectives).
-            let guards: Vec<SyncOnDrop<'_>> = ops
+            let guards: PerOp<SyncOnDrop<'_>> = ops
                 .iter_mut()
                 .filter(|o| o.count > 0 && capture.is_none())
                 .map(|o| o.track(stream.as_ref()))
@@ -494,7 +495,7 @@ impl Communicator {
             drop(guards);
             return result;
         }
-        let guards: Vec<SyncOnDrop<'_>> = ops
+        let guards: PerOp<SyncOnDrop<'_>> = ops
             .iter_mut()
             .filter(|o| o.count > 0)
             .map(|o| o.track(stream.as_ref()))

@@ -18,6 +18,7 @@ use gpu_kernels::p2p::{
 };
 
 use super::p2p::{Dir, P2pOp};
+use crate::per_rank::PerOp;
 use crate::{Arg, Error, Result};
 
 /// Bytes a local copy's block moves at least (the copy's blocks: its bytes over this, at most
@@ -63,7 +64,7 @@ pub struct KernelEnv<'a> {
 ///     P2pOp { dir: Dir::Recv, peer: 0, bytes: 4 },
 /// ];
 /// let p = plan(&ops, &[0x1000, 0x2000, 0x3000], &env)?.expect("on the kernel");
-/// assert_eq!(p.copies, vec![(0x1000, 0x2000, 4), (0x1004, 0x3000, 4)]);
+/// assert_eq!(&p.copies[..], &[(0x1000, 0x2000, 4), (0x1004, 0x3000, 4)]);
 /// assert_eq!(p.args.blocks(), 0); // nothing else to do
 /// # Ok::<(), ringccl::Error>(())
 /// ```
@@ -72,7 +73,7 @@ pub struct KernelPlan {
     /// The kernel's parameter.
     pub args: P2pArgs,
     /// Copies enqueued before the kernel.
-    pub copies: Vec<(u64, u64, usize)>,
+    pub copies: PerOp<(u64, u64, usize)>,
 }
 
 /// The kernel plan of this rank's group `ops` (buffer `addrs[i]` for `ops[i]`), or `None` if
@@ -111,26 +112,25 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
             reason: format!("rank {me} of {n} point-to-point buffers"),
         });
     }
-    // Per peer and direction: the buffers, in order.
-    let mut sends: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
-    let mut recvs: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
-    for (o, &addr) in ops.iter().zip(addrs) {
+    for o in ops {
         if o.peer >= n {
             return Err(Error::invalid(Some(me), Arg::Peer, format!("peer {} of {n} ranks", o.peer)));
         }
-        if o.bytes > 0 {
-            match o.dir {
-                Dir::Send => sends[o.peer].push((addr, o.bytes)),
-                Dir::Recv => recvs[o.peer].push((addr, o.bytes)),
-            }
-        }
     }
-    let total = |v: &[(u64, usize)]| v.iter().map(|p| p.1).try_fold(0usize, usize::checked_add);
+    // The buffers of one peer and direction, in order (operations of 0 bytes left out).
+    let stream = |peer: usize, dir: Dir| {
+        ops.iter()
+            .zip(addrs)
+            .filter(move |(o, _)| o.peer == peer && o.dir == dir && o.bytes > 0)
+            .map(|(o, &addr)| (addr, o.bytes))
+    };
     let overflow = || Error::invalid(Some(me), Arg::Count, "point-to-point byte counts overflow");
-    let (self_sent, self_recvd) = (
-        total(&sends[me]).ok_or_else(overflow)?,
-        total(&recvs[me]).ok_or_else(overflow)?,
-    );
+    let total = |peer: usize, dir: Dir| {
+        stream(peer, dir)
+            .try_fold(0usize, |t, (_, b)| t.checked_add(b))
+            .ok_or_else(overflow)
+    };
+    let (self_sent, self_recvd) = (total(me, Dir::Send)?, total(me, Dir::Recv)?);
     if self_sent != self_recvd {
         return Err(Error::invalid(
             Some(me),
@@ -141,7 +141,7 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
     if n > MAX_RANKS || env.bufs.contains(&0) {
         return Ok(None);
     }
-    let npieces: usize = (0..n).filter(|&q| q != me).map(|q| sends[q].len() + recvs[q].len()).sum();
+    let npieces = ops.iter().filter(|o| o.peer != me && o.bytes > 0).count();
     if npieces > MAX_PIECES {
         return Err(Error::invalid(
             Some(me),
@@ -160,36 +160,38 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
         slot: env.slot,
         ..P2pArgs::default()
     };
-    let mut copies = Vec::new();
+    let mut copies = PerOp::new();
     let (mut nops, mut block, mut piece) = (0usize, 0u32, 0usize);
     let as_u32 = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     let off = |base: u64, bytes: usize| base + bytes as u64;
-    let mut push = |args: &mut P2pArgs, d: P2pOpDesc, buffers: &[(u64, usize)]| -> Result<()> {
+    let mut push = |args: &mut P2pArgs, d: P2pOpDesc, buffers: &mut dyn Iterator<Item = (u64, usize)>| -> Result<()> {
         let row = args.ops.get_mut(nops).ok_or_else(|| Error::Internal {
             reason: "more point-to-point operations than the kernel takes".into(),
         })?;
-        *row = P2pOpDesc {
-            first_block: block,
-            first_piece: as_u32(piece),
-            npieces: as_u32(buffers.len()),
-            ..d
-        };
-        for &(user, bytes) in buffers {
+        let first = piece;
+        for (user, bytes) in buffers {
             let p = args.pieces.get_mut(piece).ok_or_else(|| Error::Internal {
                 reason: "more point-to-point buffers than the kernel takes".into(),
             })?;
             *p = P2pPiece { user, bytes: bytes as u64 };
             piece += 1;
         }
+        *row = P2pOpDesc {
+            first_block: block,
+            first_piece: as_u32(first),
+            npieces: as_u32(piece - first),
+            ..d
+        };
         block = block.saturating_add(d.channels);
         nops += 1;
         Ok(())
     };
     for q in 0..n {
         if q == me {
-            match (&sends[q][..], &recvs[q][..]) {
-                ([], []) => {}
-                (&[(src, bytes)], &[(dst, _)]) => {
+            let (mut s, mut r) = (stream(me, Dir::Send), stream(me, Dir::Recv));
+            match (s.next(), r.next(), s.clone().next().is_none() && r.clone().next().is_none()) {
+                (None, None, _) => {}
+                (Some((src, bytes)), Some((dst, _)), true) => {
                     let blocks = bytes.div_ceil(COPY_BYTES_PER_BLOCK).clamp(1, env.cap.max(1));
                     let d = P2pOpDesc {
                         kind: kind::COPY,
@@ -200,24 +202,24 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
                         slots: dst,
                         ..P2pOpDesc::default()
                     };
-                    push(&mut args, d, &[])?;
+                    push(&mut args, d, &mut core::iter::empty())?;
                 }
-                (s, r) => copies = segments(s, r),
+                _ => copies = segments(stream(me, Dir::Send), stream(me, Dir::Recv)),
             }
             continue;
         }
-        for (dir, buffers) in [(kind::SEND, &sends[q]), (kind::RECV, &recvs[q])] {
-            if buffers.is_empty() {
+        for (dir, k) in [(Dir::Send, kind::SEND), (Dir::Recv, kind::RECV)] {
+            let bytes = total(q, dir)?;
+            if bytes == 0 {
                 continue;
             }
-            let bytes = total(buffers).ok_or_else(overflow)?;
-            let (slots, remote) = if dir == kind::SEND {
+            let (slots, remote) = if k == kind::SEND {
                 (off(env.bufs[q], channel_offset(me, 0)), off(env.bufs[q], 8 * word(DATA, me, 0)))
             } else {
                 (off(env.bufs[me], channel_offset(q, 0)), off(env.bufs[q], 8 * word(CONSUMED, me, 0)))
             };
             let d = P2pOpDesc {
-                kind: dir,
+                kind: k,
                 peer: as_u32(q),
                 channels: as_u32(channels(bytes, env.cap)),
                 bytes: bytes as u64,
@@ -225,7 +227,7 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
                 remote,
                 ..P2pOpDesc::default()
             };
-            push(&mut args, d, buffers)?;
+            push(&mut args, d, &mut stream(q, dir))?;
         }
     }
     args.nops = as_u32(nops);
@@ -386,13 +388,13 @@ pub fn reduce_scatter_parts(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SizeSplit {
     /// The operations on the kernel.
-    pub kernel: Vec<P2pOp>,
+    pub kernel: PerOp<P2pOp>,
     /// Their buffers.
-    pub kernel_bufs: Vec<u64>,
+    pub kernel_bufs: PerOp<u64>,
     /// The operations through the copy engines.
-    pub copies: Vec<P2pOp>,
+    pub copies: PerOp<P2pOp>,
     /// Their buffers.
-    pub copies_bufs: Vec<u64>,
+    pub copies_bufs: PerOp<u64>,
 }
 
 /// Cuts this rank's (`me`) group `ops` (buffer `addrs[i]` for `ops[i]`) by size: every
@@ -414,9 +416,9 @@ pub struct SizeSplit {
 ///     op(Dir::Recv, 0, 8 << 20),
 /// ];
 /// let s = split_large(&ops, &[10, 20, 30, 40, 50], 0, 1 << 20);
-/// assert_eq!(s.copies, vec![ops[0], ops[2]]);
-/// assert_eq!(s.copies_bufs, vec![10, 30]);
-/// assert_eq!(s.kernel_bufs, vec![20, 40, 50]);
+/// assert_eq!(&s.copies[..], &[ops[0], ops[2]]);
+/// assert_eq!(&s.copies_bufs[..], &[10, 30]);
+/// assert_eq!(&s.kernel_bufs[..], &[20, 40, 50]);
 /// ```
 pub fn split_large(ops: &[P2pOp], addrs: &[u64], me: usize, kernel_max: usize) -> SizeSplit {
     let total = |dir: Dir, peer: usize| -> usize {
@@ -439,19 +441,23 @@ pub fn split_large(ops: &[P2pOp], addrs: &[u64], me: usize, kernel_max: usize) -
 
 /// The copies (source, destination, bytes) that move the byte stream of buffers `from` into
 /// that of buffers `to` (equal totals).
-fn segments(from: &[(u64, usize)], to: &[(u64, usize)]) -> Vec<(u64, u64, usize)> {
-    let mut out = Vec::new();
-    let (mut i, mut j, mut a, mut b) = (0, 0, 0usize, 0usize);
-    while i < from.len() && j < to.len() {
-        let len = (from[i].1 - a).min(to[j].1 - b);
-        out.push((from[i].0 + a as u64, to[j].0 + b as u64, len));
-        a += len;
-        b += len;
-        if a == from[i].1 {
-            (i, a) = (i + 1, 0);
+fn segments(
+    mut from: impl Iterator<Item = (u64, usize)>,
+    mut to: impl Iterator<Item = (u64, usize)>,
+) -> PerOp<(u64, u64, usize)> {
+    let mut out = PerOp::new();
+    let (mut a, mut b) = (from.next(), to.next());
+    let (mut i, mut j) = (0usize, 0usize); // bytes of `a` and `b` already moved
+    while let (Some((src, sl)), Some((dst, dl))) = (a, b) {
+        let len = (sl - i).min(dl - j);
+        out.push((src + i as u64, dst + j as u64, len));
+        i += len;
+        j += len;
+        if i == sl {
+            (a, i) = (from.next(), 0);
         }
-        if b == to[j].1 {
-            (j, b) = (j + 1, 0);
+        if j == dl {
+            (b, j) = (to.next(), 0);
         }
     }
     out

@@ -4,7 +4,11 @@
 //! taken out and that every receive buffer ends byte-exact.
 
 use super::*;
-use gpu_kernels::p2p::{buffer_bytes, channel_chunks, channel_cap, RECVD, SENT, SLOTS, SLOT_BYTES};
+use gpu_kernels::p2p::{
+    buffer_bytes, channel_cap, channel_chunks, is_ll, ll_channel_offset, HEADER_BYTES, LL_CHUNK_BYTES, LL_MAX_BYTES,
+    LL_SLOT_BYTES, RECVD,
+    SENT, SLOTS, SLOT_BYTES,
+};
 use std::collections::HashMap;
 
 /// Simulated device memory: allocations by base address.
@@ -99,15 +103,28 @@ fn step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
     let send = o.kind == kind::SEND;
     let (peer, c) = (o.peer as usize, b.c);
     let k = b.base + b.j as u64;
-    let need = if send { (k + 1).saturating_sub(SLOTS as u64) } else { k + 1 };
-    let role = if send { CONSUMED } else { DATA };
-    if mem.read(header + 8 * word(role, peer, c) as u64) < need {
-        return false;
+    let ll = is_ll(o.bytes as usize);
+    let (chunk, slot_bytes, first_slot) = if ll {
+        (LL_CHUNK_BYTES, LL_SLOT_BYTES, ll_channel_offset(0, c))
+    } else {
+        (SLOT_BYTES, SLOT_BYTES, channel_offset(0, c))
+    };
+    let slot = o.slots + (first_slot - HEADER_BYTES) as u64 + (k % SLOTS as u64) * slot_bytes as u64;
+    if ll && !send {
+        // An LL receive polls the packets: they carry chunk `k`'s flag once the send stored them.
+        if mem.full.get(&slot) != Some(&k) {
+            return false;
+        }
+    } else {
+        let need = if send { (k + 1).saturating_sub(SLOTS as u64) } else { k + 1 };
+        let role = if send { CONSUMED } else { DATA };
+        if mem.read(header + 8 * word(role, peer, c) as u64) < need {
+            return false;
+        }
     }
     let i = c + b.j * o.channels as usize;
-    let at = i * SLOT_BYTES;
-    let len = (o.bytes as usize - at).min(SLOT_BYTES);
-    let slot = o.slots + (c * SLOTS * SLOT_BYTES) as u64 + (k % SLOTS as u64) * SLOT_BYTES as u64;
+    let at = i * chunk;
+    let len = (o.bytes as usize - at).min(chunk);
     if send {
         assert!(!mem.full.contains_key(&slot), "slot {slot:#x} refilled before chunk was taken out");
         mem.full.insert(slot, k);
@@ -129,7 +146,10 @@ fn step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
         }
         off += pc.bytes;
     }
-    mem.write(o.remote + 8 * c as u64, k + 1);
+    // An LL send signals nothing (its packets carry the flag); the rest store `k + 1`.
+    if !(ll && send) {
+        mem.write(o.remote + 8 * c as u64, k + 1);
+    }
     b.j += 1;
     if b.j == b.n {
         let own = if send { SENT } else { RECVD };
@@ -278,7 +298,10 @@ fn run_split(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize, split:
 
 #[test]
 fn two_ranks_every_size_both_directions() {
-    let sizes = [0, 1, 7, 16, 100, SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1, 3 * SLOT_BYTES + 5, 40 * SLOT_BYTES + 3];
+    let sizes = [
+        0, 1, 7, 16, 100, LL_CHUNK_BYTES + 1, SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1, LL_MAX_BYTES, LL_MAX_BYTES + 1,
+        3 * SLOT_BYTES + 5, 40 * SLOT_BYTES + 3,
+    ];
     let groups: Vec<Vec<Vec<usize>>> = sizes
         .iter()
         .zip(sizes.iter().rev())
@@ -337,7 +360,7 @@ fn the_choice_depends_on_the_communicator_alone() {
     // Several buffers per stream, and to itself: on the kernel (the self-copies before it).
     let p = plan(&[s(1, 8), s(1, 8), s(0, 16), r(0, 8), r(0, 8)], &[1, 2, 3, 4, 5], &env).unwrap().unwrap();
     assert_eq!(p.args.nops, 1);
-    assert_eq!(p.copies, vec![(3, 4, 8), (11, 5, 8)]);
+    assert_eq!(&p.copies[..], &[(3, 4, 8), (11, 5, 8)]);
     // One buffer each way to itself: a copy in the kernel.
     let p = plan(&[s(0, 16), r(0, 16)], &[3, 4], &env).unwrap().unwrap();
     assert_eq!((p.args.nops, p.args.ops[0].kind, p.copies.len()), (1, kind::COPY, 0));
