@@ -389,6 +389,17 @@ pub unsafe extern "ptx-kernel" fn p2p(args: crate::p2p::P2pArgs) {
     unsafe { crate::p2p::p2p(&args) }
 }
 
+/// `ringccl_p2p_small` ([`crate::p2p::P2P_SMALL_ENTRY`]): the same kernel as `ringccl_p2p`
+/// with the small parameter ([`crate::p2p::P2pArgsSmall`]).
+///
+/// # Safety
+/// As for `ringccl_p2p`.
+#[export_name = "ringccl_p2p_small"]
+pub unsafe extern "ptx-kernel" fn p2p_small(args: crate::p2p::P2pArgsSmall) {
+    // SAFETY: forwarded from the kernel's contract.
+    unsafe { crate::p2p::p2p(&args) }
+}
+
 /// `ringccl_ll_gather` ([`crate::ll::LL_GATHER_ENTRY`]): the LL all-gather of one block per
 /// rank (see [`crate::ll`]).
 ///

@@ -40,7 +40,8 @@
 //! `crate::ll::ll_flag(k + 1)`. The sender waits for `CONSUMED` as above, stores its packets
 //! and neither fences nor signals `DATA`; each receiving thread polls its own packets until
 //! they carry the flag (so the payload is there: no fence, no flag round trip), writes the
-//! payload out, and after a barrier thread 0 release-stores `k + 1` into `CONSUMED`. A small
+//! payload out, and after a barrier thread 0 stores `k + 1` into `CONSUMED` (relaxed: only
+//! the block's loads, already returned, come before it, as in NCCL's receivers). A small
 //! send costs one one-way trip of the data itself. A slot's stale packets carry the flag of
 //! an earlier chunk of its parity (`k - 2`, …), and zeroed memory flag 0, which `ll_flag` never
 //! gives; only a chunk exactly `2^32 - 1` chunks of the channel before (with no LL chunk of
@@ -313,23 +314,28 @@ pub struct P2pPiece {
     pub bytes: u64,
 }
 
-/// The kernel's one parameter (passed by value: nothing is copied to the device per call).
+/// The kernel's one parameter (passed by value: nothing is copied to the device per call),
+/// with room for `OPS` operations and `PIECES` buffers: [`P2pArgs`] for `ringccl_p2p`,
+/// [`P2pArgsSmall`] for `ringccl_p2p_small` ([`P2P_SMALL_ENTRY`]), the same kernel with a
+/// parameter of a sixth of the size for the usual small group (a launch copies every byte of
+/// its parameter).
 ///
 /// ```
-/// use gpu_kernels::p2p::{kind, P2pArgs, P2pOpDesc};
+/// use gpu_kernels::p2p::{kind, P2pArgs, P2pArgsSmall, P2pOpDesc};
 /// let mut a = P2pArgs::default();
 /// a.ops[0] = P2pOpDesc { kind: kind::SEND, peer: 1, channels: 4, bytes: 1 << 20, ..Default::default() };
 /// a.nops = 1;
 /// assert_eq!(a.blocks(), 4);
 /// assert!(core::mem::size_of::<P2pArgs>() <= 4096); // the kernel parameter limit
+/// assert!(core::mem::size_of::<P2pArgsSmall>() <= 320);
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct P2pArgs {
+pub struct P2pArgsOf<const OPS: usize, const PIECES: usize> {
     /// The operations; the first `nops` are used.
-    pub ops: [P2pOpDesc; MAX_OPS],
+    pub ops: [P2pOpDesc; OPS],
     /// The buffers of the sends and receives.
-    pub pieces: [P2pPiece; MAX_PIECES],
+    pub pieces: [P2pPiece; PIECES],
     /// This rank's header.
     pub header: u64,
     /// The control block.
@@ -342,11 +348,27 @@ pub struct P2pArgs {
     pub slot: u32,
 }
 
-impl Default for P2pArgs {
+/// The parameter of `ringccl_p2p`: every group the kernel takes.
+pub type P2pArgs = P2pArgsOf<MAX_OPS, MAX_PIECES>;
+
+/// Operations of a [`P2pArgsSmall`].
+pub const SMALL_OPS: usize = 4;
+
+/// Buffers of a [`P2pArgsSmall`].
+pub const SMALL_PIECES: usize = 4;
+
+/// The parameter of `ringccl_p2p_small` ([`P2P_SMALL_ENTRY`]): a group of at most
+/// [`SMALL_OPS`] operations over at most [`SMALL_PIECES`] buffers ([`P2pArgs::small`]).
+pub type P2pArgsSmall = P2pArgsOf<SMALL_OPS, SMALL_PIECES>;
+
+/// The name of the point-to-point kernel with the small parameter, [`P2pArgsSmall`].
+pub const P2P_SMALL_ENTRY: &str = "ringccl_p2p_small";
+
+impl<const OPS: usize, const PIECES: usize> Default for P2pArgsOf<OPS, PIECES> {
     fn default() -> Self {
-        P2pArgs {
-            ops: [P2pOpDesc::default(); MAX_OPS],
-            pieces: [P2pPiece::default(); MAX_PIECES],
+        P2pArgsOf {
+            ops: [P2pOpDesc::default(); OPS],
+            pieces: [P2pPiece::default(); PIECES],
             header: 0,
             ctl: 0,
             timeout_ns: 0,
@@ -356,10 +378,10 @@ impl Default for P2pArgs {
     }
 }
 
-impl P2pArgs {
+impl<const OPS: usize, const PIECES: usize> P2pArgsOf<OPS, PIECES> {
     /// Blocks the launch needs: the end of the last operation's run.
     pub fn blocks(&self) -> u32 {
-        let n = (self.nops as usize).min(MAX_OPS);
+        let n = (self.nops as usize).min(OPS);
         self.ops[..n]
             .iter()
             .map(|o| o.first_block.saturating_add(o.channels))
@@ -368,13 +390,55 @@ impl P2pArgs {
     }
 }
 
+impl P2pArgs {
+    /// The same group as a [`P2pArgsSmall`], if it fits one: at most [`SMALL_OPS`]
+    /// operations, whose buffers are among the first [`SMALL_PIECES`].
+    ///
+    /// ```
+    /// use gpu_kernels::p2p::{kind, P2pArgs, P2pOpDesc};
+    /// let mut a = P2pArgs::default();
+    /// a.ops[0] = P2pOpDesc { kind: kind::SEND, channels: 1, bytes: 8, npieces: 1, ..Default::default() };
+    /// a.ops[1] = P2pOpDesc { kind: kind::RECV, first_block: 1, channels: 1, bytes: 8, first_piece: 1, npieces: 1, ..Default::default() };
+    /// a.nops = 2;
+    /// let s = a.small().expect("two operations, two buffers");
+    /// assert_eq!((s.blocks(), s.ops[1], s.nops), (2, a.ops[1], 2));
+    /// a.ops[1].npieces = 4; // buffers 1 ..= 4
+    /// assert!(a.small().is_none());
+    /// ```
+    pub fn small(&self) -> Option<P2pArgsSmall> {
+        let n = self.nops as usize;
+        if n > SMALL_OPS {
+            return None;
+        }
+        let used = self.ops[..n]
+            .iter()
+            .map(|o| o.first_piece as usize + o.npieces as usize)
+            .max()
+            .unwrap_or(0);
+        if used > SMALL_PIECES {
+            return None;
+        }
+        let mut s = P2pArgsSmall {
+            header: self.header,
+            ctl: self.ctl,
+            timeout_ns: self.timeout_ns,
+            nops: self.nops,
+            slot: self.slot,
+            ..P2pArgsSmall::default()
+        };
+        s.ops.copy_from_slice(&self.ops[..SMALL_OPS]);
+        s.pieces.copy_from_slice(&self.pieces[..SMALL_PIECES]);
+        Some(s)
+    }
+}
+
 #[cfg(target_arch = "nvptx64")]
 mod dev {
     use super::{
-        kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, HEADER_BYTES, LL_CHUNK_BYTES,
+        kind, word, P2pArgsOf, P2pOpDesc, P2pPiece, CONSUMED, DATA, HEADER_BYTES, LL_CHUNK_BYTES,
         LL_SLOT_BYTES, MAX_OPS, RECVD, SENT, SLOTS, SLOT_BYTES,
     };
-    use crate::ctl::{fence_sys, store_release, wait_at_least, wait_step};
+    use crate::ctl::{fence_sys, store_relaxed, store_release, wait_at_least, wait_step};
     use crate::ll::{load_packet, store_packet, PACKET_BYTES, PACKET_PAYLOAD};
     use crate::prim::Grid;
     use core::arch::asm;
@@ -419,11 +483,11 @@ mod dev {
     /// The operation block `b` belongs to (`kind::NONE` if none), every row read with a
     /// constant index.
     #[inline(always)]
-    fn op_of(args: &P2pArgs, b: u32) -> P2pOpDesc {
+    fn op_of<const O: usize, const P: usize>(args: &P2pArgsOf<O, P>, b: u32) -> P2pOpDesc {
         let mut sel = P2pOpDesc::default();
         macro_rules! each {
             ($($i:literal)*) => {$(
-                if $i < MAX_OPS && ($i as u32) < args.nops {
+                if $i < O && $i < MAX_OPS && ($i as u32) < args.nops {
                     let o = args.ops[$i];
                     if b >= o.first_block && b - o.first_block < o.channels {
                         sel = o;
@@ -437,13 +501,13 @@ mod dev {
 
     /// Piece `i` of `args`, read with constant indices only (selects, no local memory).
     #[inline(always)]
-    fn piece(args: &P2pArgs, i: u32) -> P2pPiece {
+    fn piece<const O: usize, const P: usize>(args: &P2pArgsOf<O, P>, i: u32) -> P2pPiece {
         let mut sel = P2pPiece::default();
         // Literal indices: a loop the compiler does not unroll would copy the parameter into
         // local memory (a stack frame) to index it.
         macro_rules! each {
             ($($k:literal)*) => {$(
-                if $k < super::MAX_PIECES && i == $k {
+                if $k < P && $k < super::MAX_PIECES && i == $k {
                     sel = args.pieces[$k];
                 }
             )*};
@@ -456,8 +520,8 @@ mod dev {
     /// Bytes `[at, at + len)` of the byte stream of `o`'s pieces to (`to_slot`) or from the
     /// slot `slot`, by the threads of this block.
     #[inline(always)]
-    unsafe fn chunk(
-        args: &P2pArgs,
+    unsafe fn chunk<const O: usize, const P: usize>(
+        args: &P2pArgsOf<O, P>,
         o: &P2pOpDesc,
         tid: usize,
         threads: usize,
@@ -493,14 +557,14 @@ mod dev {
     }
 
     /// The byte stream of an operation's pieces, as the LL chunks read and write it.
-    struct Stream<'a> {
-        args: &'a P2pArgs,
+    struct Stream<'a, const O: usize, const P: usize> {
+        args: &'a P2pArgsOf<O, P>,
         o: &'a P2pOpDesc,
         /// The one piece of a one-buffer stream (`npieces == 1`), else unused.
         single: P2pPiece,
     }
 
-    impl Stream<'_> {
+    impl<const O: usize, const P: usize> Stream<'_, O, P> {
         /// Payload bytes `[off, off + len)` (`len <= 8`) of the stream, little-endian (to the
         /// stream, if `write`, from `*raw`; else into it): one 8-byte access where the stream
         /// is one buffer and the bytes are 8-byte aligned in it, two 4-byte ones where they are
@@ -565,8 +629,8 @@ mod dev {
     /// # Safety
     /// As [`Stream::access`]; `slot` holds the chunk's packets.
     #[inline(always)]
-    unsafe fn ll_send(
-        s: &Stream<'_>,
+    unsafe fn ll_send<const O: usize, const P: usize>(
+        s: &Stream<'_, O, P>,
         (tid, threads): (usize, usize),
         (at, len): (u64, u64),
         slot: u64,
@@ -597,8 +661,8 @@ mod dev {
     /// # Safety
     /// As [`ll_send`].
     #[inline(always)]
-    unsafe fn ll_recv(
-        s: &Stream<'_>,
+    unsafe fn ll_recv<const O: usize, const P: usize>(
+        s: &Stream<'_, O, P>,
         (tid, threads): (usize, usize),
         (at, len): (u64, u64),
         slot: u64,
@@ -635,7 +699,7 @@ mod dev {
     /// Every address of `args` is valid as its field says, mapped in this process; the header
     /// and slots are used by no other kernel; the grid is `args.blocks()` blocks, all resident.
     #[inline(always)]
-    pub unsafe fn p2p(args: &P2pArgs) {
+    pub unsafe fn p2p<const O: usize, const P: usize>(args: &P2pArgsOf<O, P>) {
         // SAFETY: reading special registers has no side effects.
         let (b, tid, threads) = unsafe {
             (
@@ -764,9 +828,11 @@ mod dev {
                                     return;
                                 }
                                 // Every thread's packets are read (their values used): the
-                                // slot may be refilled.
+                                // slot may be refilled. A relaxed store, as NCCL's receivers
+                                // post: no write of this block needs ordering before it (a
+                                // release at system scope costs a fence on this path).
                                 if tid == 0 {
-                                    store_release(remote, k + 1);
+                                    store_relaxed(remote, k + 1);
                                 }
                             }
                         } else {

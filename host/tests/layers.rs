@@ -66,7 +66,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // (`transport::net::{Carry, NET_SLOTS}`), which the transport holds per rank.
     (
         "plan",
-        &["config", "dtype", "error", "kind", "per_rank", "schedule", "transport"],
+        &[
+            "config",
+            "dtype",
+            "error",
+            "kind",
+            "per_rank",
+            "schedule",
+            "transport",
+        ],
     ),
     ("bootstrap", &["error"]),
     ("sim", &["schedule"]),

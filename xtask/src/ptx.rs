@@ -351,11 +351,12 @@ pub fn compare_entries(found: &BTreeSet<String>, expected: &[&str]) -> Result<()
     Err(msg)
 }
 
-/// The entry points outside the typed table: the bounded wait, the point-to-point kernel and
-/// the LL all-gather.
-pub const NAMED_ENTRIES: [&str; 3] = [
+/// The entry points outside the typed table: the bounded wait, the point-to-point kernel (with
+/// its two parameter sizes) and the LL all-gather.
+pub const NAMED_ENTRIES: [&str; 4] = [
     WAIT_ENTRY,
     gpu_kernels::p2p::P2P_ENTRY,
+    gpu_kernels::p2p::P2P_SMALL_ENTRY,
     gpu_kernels::ll::LL_GATHER_ENTRY,
 ];
 

@@ -499,6 +499,19 @@ impl Kernels {
         if blocks == 0 {
             return Ok(());
         }
+        // A group that fits the small parameter launches with it: the same kernel, a sixth of
+        // the bytes to copy into the launch.
+        if let (Some((fs, limit)), Some(small)) = (&self.p2p_small, args.small()) {
+            let plan = LaunchPlan {
+                blocks,
+                threads: LaunchPlan::one_block(*limit).threads,
+            };
+            let mut params = [param(&small)];
+            // SAFETY: `ringccl_p2p_small(P2pArgsSmall args)`, one `#[repr(C)]` parameter
+            // passed by value, the same group as `args` (`P2pArgs::small`); the caller
+            // guarantees the memory.
+            return unsafe { self.launch(stream, fs, plan, &mut params) };
+        }
         let plan = LaunchPlan {
             blocks,
             threads: LaunchPlan::one_block(*limit).threads,

@@ -224,6 +224,9 @@ pub struct Kernels {
     /// The point-to-point kernel (`gpu_kernels::p2p::P2P_ENTRY`) and its thread limit; `None`
     /// if the loaded code lacks it (point-to-point groups then take the scratch path).
     pub(crate) p2p: Option<(CudaFunction, u32)>,
+    /// The same kernel with the small parameter (`gpu_kernels::p2p::P2P_SMALL_ENTRY`), used
+    /// for the groups that fit it; `None` if the loaded code lacks it.
+    pub(crate) p2p_small: Option<(CudaFunction, u32)>,
     /// The LL all-gather (`gpu_kernels::ll::LL_GATHER_ENTRY`) and its thread limit; `None` if
     /// the loaded code lacks it (all-gathers then take the two-shot kernel).
     pub(crate) ll_gather: Option<(CudaFunction, u32)>,
@@ -328,10 +331,12 @@ impl Kernels {
             }
         };
         let p2p = optional(gpu_kernels::p2p::P2P_ENTRY)?;
+        let p2p_small = optional(gpu_kernels::p2p::P2P_SMALL_ENTRY)?;
         let ll_gather = optional(gpu_kernels::ll::LL_GATHER_ENTRY)?;
         Ok(Kernels {
             rank,
             p2p,
+            p2p_small,
             ll_gather,
             code: loaded,
             functions,
