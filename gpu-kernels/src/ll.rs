@@ -25,11 +25,8 @@
 //! packets, polls its own area's slot `(parity, q)` for every peer `q` until the packet carries
 //! `f`, folds the ranks' payloads lane by lane in rank order `0..n` (the same order and
 //! arithmetic as the one-shot kernel: bit-identical results on every rank), and writes output
-//! payload `i`. It moves its packets [`BATCH`] at a time: the loads of a batch (its input's
-//! payloads, then each peer's packets) are issued together before any is used, so a thread waits
-//! one memory latency per batch and peer, not one per packet. In place is safe: a thread reads
-//! its own packets of the input before it writes the same bytes of the output. Thread 0 then
-//! stores `e` into the counter.
+//! payload `i`. In place is safe: a thread reads its own packets of the input before it writes
+//! the same bytes of the output. Thread 0 then stores `e` into the counter.
 //!
 //! Why two parities suffice: a rank in call `e` has finished `e - 1`, which needed every peer's
 //! packets of `e - 1`, so every peer has finished `e - 2` and no longer reads the slots of
@@ -70,13 +67,6 @@ pub const LL_GATHER_ENTRY: &str = "ringccl_ll_gather";
 
 /// Most payload bytes per rank of an LL call: a slot holds twice as many (the flags).
 pub const LL_MAX_BYTES: usize = 32 << 10;
-
-/// Packets a thread moves at a time: it issues the loads of a batch together (its input's
-/// payloads, then the peers' packets) before using any, so a call of `p` packets per thread
-/// waits `p / BATCH` memory latencies, not `p` (with one block of 512 threads, a 32 KiB call is 8
-/// packets per thread per peer: two batches). Four keeps the kernels within 128 registers, so
-/// their block still has 512 threads.
-pub const BATCH: usize = 4;
 
 /// Bytes of one packet: 8 bytes of payload, two 4-byte flags.
 pub const PACKET_BYTES: usize = 16;
@@ -203,36 +193,12 @@ pub fn finish_lanes<T: Element, O: ReduceOp>(acc: u64, postdiv: u32) -> u64 {
 #[cfg(target_arch = "nvptx64")]
 mod dev {
     use super::{finish_lanes, fold_lanes};
-    use super::{ll_flag, slot_offset, BATCH, LL_COUNTER, LL_FAILED, PACKET_BYTES, PACKET_PAYLOAD};
+    use super::{ll_flag, slot_offset, LL_COUNTER, LL_FAILED, PACKET_BYTES, PACKET_PAYLOAD};
     use crate::ctl::{pick, wait_step, MAX_RANKS};
     use crate::element::Element;
     use crate::op::ReduceOp;
     use core::arch::asm;
     use core::arch::nvptx::{_block_dim_x, _syncthreads, _thread_idx_x};
-
-    /// `$body` once for each `$k` in `0..BATCH`, written out (the batch's arrays then live in
-    /// registers: indexed by constants, never by a loop counter).
-    macro_rules! each_k {
-        ($k:ident => $body:block) => {{
-            const _: () = assert!(super::BATCH == 4, "each_k! writes out 4 copies");
-            {
-                let $k = 0usize;
-                $body
-            }
-            {
-                let $k = 1usize;
-                $body
-            }
-            {
-                let $k = 2usize;
-                $body
-            }
-            {
-                let $k = 3usize;
-                $body
-            }
-        }};
-    }
 
     /// Stores packet `v` at `p` in one 16-byte store.
     #[inline(always)]
@@ -317,8 +283,7 @@ mod dev {
     /// Step 1 of a call, by thread `tid` of `threads`: its payloads `tid, tid + threads, …` of
     /// the block of `src` meant for each peer `q` (`count` elements, `packets` payloads, at
     /// `src + q * stride`; `stride` 0: the same block for every peer) as packets with `flag`
-    /// into slot `out_slot` of every peer's area. [`BATCH`] payloads at a time: their loads
-    /// are issued together, then their stores (one latency per batch, not per payload).
+    /// into slot `out_slot` of every peer's area.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn push<T: Element>(
@@ -331,110 +296,57 @@ mod dev {
         flag: u32,
         (tid, threads): (usize, usize),
     ) {
-        let mut base = tid;
+        let mut i = tid;
         // SAFETY: per the caller's contract (the kernels' own).
         unsafe {
-            while base < packets {
-                let mut same = [0u64; BATCH];
-                if stride == 0 {
-                    load_batch(src, base, threads, (count, packets, aligned), &mut same);
-                }
+            while i < packets {
+                let same = if stride == 0 {
+                    super::pack(load_payload(src, i, count, aligned), flag)
+                } else {
+                    [0; 4]
+                };
                 let mut q = 0;
                 while q < MAX_RANKS {
                     if q < n && q != rank {
-                        let mut v = same;
-                        if stride != 0 {
-                            load_batch(
-                                src.add(q * stride),
-                                base,
-                                threads,
-                                (count, packets, aligned),
-                                &mut v,
-                            );
-                        }
-                        let slot = pick(areas, q).add(out_slot);
-                        each_k!(k => {
-                            let i = base + k * threads;
-                            if i < packets {
-                                store_packet(slot.add(i * PACKET_BYTES), super::pack(v[k], flag));
-                            }
-                        });
+                        let v = if stride == 0 {
+                            same
+                        } else {
+                            super::pack(load_payload(src.add(q * stride), i, count, aligned), flag)
+                        };
+                        let area = pick(areas, q);
+                        store_packet(area.add(out_slot + i * PACKET_BYTES), v);
                     }
                     q += 1;
                 }
-                base += BATCH * threads;
+                i += threads;
             }
         }
     }
 
-    /// Payloads `base + k * threads` (`k < BATCH`, those below `packets`) of `src` into
-    /// `out[k]`, their loads issued before any is used.
-    #[inline(always)]
-    unsafe fn load_batch<T: Element>(
-        src: *const T,
-        base: usize,
-        threads: usize,
-        (count, packets, aligned): (usize, usize, bool),
-        out: &mut [u64; BATCH],
-    ) {
-        each_k!(k => {
-            let i = base + k * threads;
-            if i < packets {
-                // SAFETY: payload `i < packets` of `count` elements, per the caller.
-                out[k] = unsafe { load_payload(src, i, count, aligned) };
-            }
-        });
-    }
-
-    /// The payloads of packets `base + k * threads` (`k < BATCH`, those below `packets`) of
-    /// slot `(parity, q)` of this rank's area `mine` into `out[k]`, once each carries `flag`:
-    /// every round loads the batch's packets that have not arrived yet, all loads issued before
-    /// any is looked at, then takes those that carry the flag; between rounds it waits like
-    /// every wait ([`wait_step`]). `false` if the wait gave up (its status written).
+    /// Packet `i` of slot `(parity, q)` of this rank's area `mine`, once it carries `flag`;
+    /// `None` if the wait gave up (its status written, like every wait's).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn take_batch(
+    unsafe fn take(
         mine: *mut u8,
-        (parity, q): (usize, usize),
-        (base, threads, packets): (usize, usize, usize),
+        (parity, q, i): (usize, usize, usize),
         flag: u32,
         ctl: *mut u64,
         timeout_ns: u64,
         rank: usize,
-        out: &mut [u64; BATCH],
-    ) -> bool {
-        // Bit `k`: packet `k` of the batch still to take.
-        let mut want = 0u32;
-        each_k!(k => {
-            if base + k * threads < packets {
-                want |= 1 << k;
-            }
-        });
-        let (mut polls, mut clock) = (0u32, (0u64, 32u32));
-        // SAFETY: packets below `packets` of slot `(parity, q)` lie in this rank's area (the
-        // caller's contract).
+    ) -> Option<u64> {
+        let mut polls = 0u32;
+        let mut clock = (0u64, 32u32);
+        // SAFETY: packet `i` of slot `(parity, q)` lies in this rank's area (the caller's
+        // contract).
         unsafe {
-            let slot = mine.add(slot_offset(parity, q));
+            let p = mine.add(slot_offset(parity, q) + i * PACKET_BYTES);
             loop {
-                let mut raw = [[0u32; 4]; BATCH];
-                each_k!(k => {
-                    if want & (1 << k) != 0 {
-                        raw[k] = load_packet(slot.add((base + k * threads) * PACKET_BYTES));
-                    }
-                });
-                each_k!(k => {
-                    if want & (1 << k) != 0 {
-                        if let Some(v) = super::unpack(raw[k], flag) {
-                            out[k] = v;
-                            want &= !(1 << k);
-                        }
-                    }
-                });
-                if want == 0 {
-                    return true;
+                if let Some(v) = super::unpack(load_packet(p), flag) {
+                    return Some(v);
                 }
                 if !wait_step(&mut polls, &mut clock, ctl, timeout_ns, rank, q) {
-                    return false;
+                    return None;
                 }
             }
         }
@@ -501,49 +413,38 @@ mod dev {
                 (tid, threads),
             );
 
-            // 2. Receive and fold in rank order, BATCH packets at a time.
-            let mut base = tid;
+            // 2. Receive and fold in rank order.
+            let mut i = tid;
             let mut failed = false;
-            while base < packets && !failed {
-                let mut acc = [0u64; BATCH];
+            while i < packets && !failed {
+                let own = load_payload(own_src, i, count, aligned);
+                let mut acc = 0u64;
                 let mut q = 0;
                 while q < MAX_RANKS && q < n {
-                    let mut v = [0u64; BATCH];
-                    if q == rank {
-                        load_batch(own_src, base, threads, (count, packets, aligned), &mut v);
-                    } else if !take_batch(
-                        mine,
-                        (parity, q),
-                        (base, threads, packets),
-                        flag,
-                        ctl,
-                        timeout_ns,
-                        rank,
-                        &mut v,
-                    ) {
-                        failed = true;
-                        break;
-                    }
-                    each_k!(k => {
-                        acc[k] = if q == 0 {
-                            v[k]
-                        } else {
-                            fold_lanes::<T, O>(acc[k], v[k])
-                        };
-                    });
+                    let v = if q == rank {
+                        own
+                    } else {
+                        match take(mine, (parity, q, i), flag, ctl, timeout_ns, rank) {
+                            Some(v) => v,
+                            None => {
+                                failed = true;
+                                break;
+                            }
+                        }
+                    };
+                    acc = if q == 0 {
+                        v
+                    } else {
+                        fold_lanes::<T, O>(acc, v)
+                    };
                     q += 1;
                 }
                 if failed {
                     core::ptr::write_volatile(header.add(LL_FAILED), epoch);
                     break;
                 }
-                each_k!(k => {
-                    let i = base + k * threads;
-                    if i < packets {
-                        store_payload(dst, i, count, finish_lanes::<T, O>(acc[k], postdiv), aligned);
-                    }
-                });
-                base += BATCH * threads;
+                store_payload(dst, i, count, finish_lanes::<T, O>(acc, postdiv), aligned);
+                i += threads;
             }
             _syncthreads();
             if tid == 0 {
@@ -603,41 +504,31 @@ mod dev {
                 (tid, threads),
             );
 
-            // 2. Every rank's payloads into its block of the output, BATCH packets at a time.
-            let mut base = tid;
+            // 2. Every rank's payloads into its block of the output.
+            let mut i = tid;
             let mut failed = false;
-            while base < packets && !failed {
+            while i < packets && !failed {
                 let mut q = 0;
                 while q < MAX_RANKS && q < n {
-                    let mut v = [0u64; BATCH];
-                    if q == rank {
-                        load_batch(src, base, threads, (bytes, packets, aligned), &mut v);
-                    } else if !take_batch(
-                        mine,
-                        (parity, q),
-                        (base, threads, packets),
-                        flag,
-                        ctl,
-                        timeout_ns,
-                        rank,
-                        &mut v,
-                    ) {
-                        failed = true;
-                        break;
-                    }
-                    each_k!(k => {
-                        let i = base + k * threads;
-                        if i < packets {
-                            store_payload(dst.add(q * bytes), i, bytes, v[k], aligned);
+                    let v = if q == rank {
+                        load_payload(src, i, bytes, aligned)
+                    } else {
+                        match take(mine, (parity, q, i), flag, ctl, timeout_ns, rank) {
+                            Some(v) => v,
+                            None => {
+                                failed = true;
+                                break;
+                            }
                         }
-                    });
+                    };
+                    store_payload(dst.add(q * bytes), i, bytes, v, aligned);
                     q += 1;
                 }
                 if failed {
                     core::ptr::write_volatile(header.add(LL_FAILED), epoch);
                     break;
                 }
-                base += BATCH * threads;
+                i += threads;
             }
             _syncthreads();
             if tid == 0 {
