@@ -38,8 +38,8 @@
 //!   run on the two-shot barriers: reduce-scatter, all-gather, all-to-all, broadcast or reduce
 //!   (see [`crate::twoshot::what`]).
 //! * [`EntryKind::Ll`]: `src, dst, count: u64, postdiv: u32, a0..a7 (every rank's LL area,
-//!   unused = 0), nranks: u32, rank: u32, ctl, timeout_ns: u64`; launch exactly one block per
-//!   rank (see [`crate::ll`]).
+//!   unused = 0), nranks: u32, rank: u32, ctl, timeout_ns: u64`; launch
+//!   [`crate::ll::ll_blocks`] blocks per rank (see [`crate::ll`]).
 //!
 //! * [`EntryKind::Scale`]: `src, dst, count: u64, imm_bits: u64, scalar_ptr` (`dst[i] =
 //!   src[i] * scalar`; the scalar is `*scalar_ptr`, read by the kernel, or when `scalar_ptr` is
@@ -87,7 +87,7 @@ pub enum EntryKind {
     /// all-gather, all-to-all, broadcast and reduce ([`crate::twoshot::what`]). Entry points
     /// of their own, so that the all-reduce's keep its registers.
     TwoShotColl,
-    /// The LL push all-reduce of one block per rank: packets with the flag inside the data
+    /// The LL push all-reduce (1 to 8 blocks per rank): packets with the flag inside the data
     /// pushed into every peer's LL area, one exchange per call (see [`crate::ll`]).
     Ll,
     /// `dst[i] = src[i] * scalar` ([`crate::prim::scale`]): NCCL's PreMulSum

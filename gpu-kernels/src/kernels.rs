@@ -233,8 +233,8 @@ macro_rules! kernel {
     (Ll, $name:expr, $t:ty, $op:ty) => {
         const _: () = {
             /// LL push all-reduce of `count` elements over `nranks ≤ MAX_RANKS` ranks, or
-            /// (`scatter` 1) reduce-scatter of `count` elements per rank (one block per rank;
-            /// see `crate::ll`).
+            /// (`scatter` 1) reduce-scatter of `count` elements per rank (`crate::ll::ll_blocks`
+            /// blocks per rank; see `crate::ll`).
             ///
             /// # Safety
             /// See `crate::ll::all_reduce`.
@@ -400,8 +400,8 @@ pub unsafe extern "ptx-kernel" fn p2p_small(args: crate::p2p::P2pArgsSmall) {
     unsafe { crate::p2p::p2p(&args) }
 }
 
-/// `ringccl_ll_gather` ([`crate::ll::LL_GATHER_ENTRY`]): the LL all-gather of one block per
-/// rank (see [`crate::ll`]).
+/// `ringccl_ll_gather` ([`crate::ll::LL_GATHER_ENTRY`]): the LL all-gather
+/// ([`crate::ll::ll_blocks`] blocks per rank; see [`crate::ll`]).
 ///
 /// # Safety
 /// See `crate::ll::all_gather`.

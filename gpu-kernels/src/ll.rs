@@ -18,7 +18,10 @@
 //! reader that sees both flags equal to its call's flag ([`ll_flag`]) sees the payload too.
 //!
 //! ## One call (epoch `e` = counter + 1, flag `f = ll_flag(e)`, parity `e % 2`)
-//! One block. Thread `t` owns packets `i ≡ t (mod threads)`: it reads payload `i` (bytes
+//! One to [`LL_MAX_BLOCKS`] blocks ([`ll_blocks`]: one per `threads` packets, so that a
+//! thread moves one packet per peer up to 32 KiB, and waits one memory latency per
+//! peer, not one per packet in a row). Thread `t` of the grid (`block * blockDim + tid`) owns
+//! packets `i ≡ t (mod threads)` (`threads` the grid's): it reads payload `i` (bytes
 //! `8 i .. 8 i + 8`, one 8-byte load where both buffers are 8-byte aligned, else element by
 //! element) of its input (the caller's send buffer, directly: no staging copy) and
 //! stores it as a packet into slot `(parity, rank)` of every peer's area; then, for the same
@@ -26,12 +29,15 @@
 //! `f`, folds the ranks' payloads lane by lane in rank order `0..n` (the same order and
 //! arithmetic as the one-shot kernel: bit-identical results on every rank), and writes output
 //! payload `i`. In place is safe: a thread reads its own packets of the input before it writes
-//! the same bytes of the output. Thread 0 then stores `e` into the counter.
+//! the same bytes of the output. Then the call's last block to end stores `e` into the counter
+//! ([`LL_DONE`] counts the blocks that have ended, after every one has read the counter; with
+//! one block, its thread 0 stores it directly).
 //!
 //! Why two parities suffice: a rank in call `e` has finished `e - 1`, which needed every peer's
 //! packets of `e - 1`, so every peer has finished `e - 2` and no longer reads the slots of
 //! parity `e % 2` (this needs each rank's LL kernels of a communicator to run one after the
-//! other, in call order: the host orders them on the stream). Stale packets of `e - 2` carry
+//! other, in call order: the host orders them on the stream; whichever blocks and threads move
+//! them: the argument is about whole calls). Stale packets of `e - 2` carry
 //! another flag, and zeroed memory flag 0, which [`ll_flag`] never returns.
 //!
 //! A wait polls [`crate::ctl::SPIN_POLLS`] times, then also watches the control block's abort
@@ -53,7 +59,7 @@ use crate::op::ReduceOp;
 
 /// The LL all-gather's entry point (not in the typed table: a copy has no element type). Its
 /// parameters: `src, dst, bytes: u64, a0..a7 (every rank's LL area, unused = 0), nranks: u32,
-/// rank: u32, ctl, timeout_ns: u64`; launch exactly one block per rank.
+/// rank: u32, ctl, timeout_ns: u64`; launch [`ll_blocks`]`(bytes, threads)` blocks per rank.
 ///
 /// ## The LL all-gather
 /// The same area, counter, flags and parities as the all-reduce (the two interleave on one
@@ -85,6 +91,42 @@ pub const LL_COUNTER: usize = 0;
 
 /// Index in the header of the word a thread whose wait failed writes the epoch into.
 pub const LL_FAILED: usize = 1;
+
+/// Index in the header of the word that counts the blocks of the current call that have ended
+/// (the last one stores the epoch into [`LL_COUNTER`] and sets it back to 0); unused by a call
+/// of one block.
+pub const LL_DONE: usize = 2;
+
+/// Most blocks of one LL call.
+pub const LL_MAX_BLOCKS: usize = 8;
+
+/// The blocks of an LL call moving `bytes` of payload per peer (the all-reduce's input, the
+/// all-gather's block, the reduce-scatter's block per peer) with `threads` per block: one per
+/// `threads` packets, so that each thread moves one packet per peer, 1 to [`LL_MAX_BLOCKS`]
+/// (8 blocks of 512 threads: [`LL_MAX_BYTES`]). Any grid is correct (the ranks of a call need
+/// not even agree); this one keeps a call of at most 4 KiB on one block of 512.
+///
+/// ```
+/// use gpu_kernels::ll::{ll_blocks, LL_MAX_BLOCKS, LL_MAX_BYTES};
+/// assert_eq!(ll_blocks(8, 512), 1);
+/// assert_eq!(ll_blocks(4 << 10, 512), 1);
+/// assert_eq!(ll_blocks((4 << 10) + 8, 512), 2);
+/// assert_eq!(ll_blocks(LL_MAX_BYTES, 512), LL_MAX_BLOCKS);
+/// assert_eq!(ll_blocks(usize::MAX, 0), LL_MAX_BLOCKS);
+/// ```
+#[inline(always)]
+pub const fn ll_blocks(bytes: usize, threads: usize) -> usize {
+    let packets = bytes.div_ceil(PACKET_PAYLOAD);
+    let threads = if threads == 0 { 1 } else { threads };
+    let b = packets.div_ceil(threads);
+    if b == 0 {
+        1
+    } else if b > LL_MAX_BLOCKS {
+        LL_MAX_BLOCKS
+    } else {
+        b
+    }
+}
 
 /// Bytes of one rank's LL area: the header, then 2 parities × `MAX_RANKS` slots.
 pub const LL_AREA_BYTES: usize = LL_HEADER_WORDS * 8 + 2 * crate::ctl::MAX_RANKS * LL_SLOT_BYTES;
@@ -193,12 +235,51 @@ pub fn finish_lanes<T: Element, O: ReduceOp>(acc: u64, postdiv: u32) -> u64 {
 #[cfg(target_arch = "nvptx64")]
 mod dev {
     use super::{finish_lanes, fold_lanes};
-    use super::{ll_flag, slot_offset, LL_COUNTER, LL_FAILED, PACKET_BYTES, PACKET_PAYLOAD};
+    use super::{
+        ll_flag, slot_offset, LL_COUNTER, LL_DONE, LL_FAILED, PACKET_BYTES, PACKET_PAYLOAD,
+    };
     use crate::ctl::{pick, wait_step, MAX_RANKS};
     use crate::element::Element;
     use crate::op::ReduceOp;
     use core::arch::asm;
-    use core::arch::nvptx::{_block_dim_x, _syncthreads, _thread_idx_x};
+    use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _syncthreads, _thread_idx_x};
+
+    /// This thread's index in the grid, the grid's threads, and whether it is its block's
+    /// thread 0.
+    #[inline(always)]
+    fn grid_thread() -> (usize, usize, bool) {
+        // SAFETY: reading special registers has no side effects.
+        unsafe {
+            let (t, dim) = (_thread_idx_x() as usize, _block_dim_x() as usize);
+            let (b, blocks) = (_block_idx_x() as usize, _grid_dim_x() as usize);
+            (b * dim + t, blocks * dim, t == 0)
+        }
+    }
+
+    /// The end of a call, by thread 0 of each block after the block's last barrier: with one
+    /// block, stores `epoch` into the counter; with more, counts the block in [`LL_DONE`] (after
+    /// a fence: its threads' reads of the counter are done), and the last block to count stores
+    /// `epoch` and sets [`LL_DONE`] back to 0 for the next call.
+    #[inline(always)]
+    unsafe fn end_call(header: *mut u64, epoch: u64) {
+        // SAFETY: reading a special register has no side effects; `header` is this rank's LL
+        // area's header (the caller's contract), written here by no one else during the call.
+        unsafe {
+            let blocks = _grid_dim_x() as u64;
+            if blocks == 1 {
+                core::ptr::write_volatile(header.add(LL_COUNTER), epoch);
+                return;
+            }
+            let done = header.add(LL_DONE);
+            let before: u64;
+            asm!("fence.acq_rel.gpu;", "atom.acq_rel.gpu.add.u64 {0}, [{1}], 1;",
+                 out(reg64) before, in(reg64) done, options(nostack, preserves_flags));
+            if before + 1 == blocks {
+                core::ptr::write_volatile(done, 0);
+                core::ptr::write_volatile(header.add(LL_COUNTER), epoch);
+            }
+        }
+    }
 
     /// Stores packet `v` at `p` in one 16-byte store.
     #[inline(always)]
@@ -357,7 +438,7 @@ mod dev {
     /// section).
     ///
     /// # Safety
-    /// One block; every rank launched with the same `nranks`, `count`, `scatter` and type;
+    /// Any grid of 1 to [`super::LL_MAX_BLOCKS`] blocks; every rank launched with the same `nranks`, `count`, `scatter` and type;
     /// `dst` `count` elements and `src` `count` elements, or with `scatter` `nranks * count`
     /// (element-aligned; `dst == src` allowed, with `scatter` `dst == src + rank * count`);
     /// `count * size ≤ LL_MAX_BYTES`; `areas[0..nranks]` every rank's LL area (`areas[rank]` this rank's),
@@ -377,8 +458,7 @@ mod dev {
         ctl: *mut u64,
         timeout_ns: u64,
     ) {
-        // SAFETY: reading special registers has no side effects.
-        let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
+        let (tid, threads, first) = grid_thread();
         let n = if nranks > MAX_RANKS {
             MAX_RANKS
         } else {
@@ -447,8 +527,8 @@ mod dev {
                 i += threads;
             }
             _syncthreads();
-            if tid == 0 {
-                core::ptr::write_volatile(header.add(LL_COUNTER), epoch);
+            if first {
+                end_call(header, epoch);
             }
         }
     }
@@ -456,7 +536,7 @@ mod dev {
     /// The kernel body of `ringccl_ll_gather` (see [`super::LL_GATHER_ENTRY`]).
     ///
     /// # Safety
-    /// One block; every rank launched with the same `nranks` and `bytes`; `src` `bytes` long,
+    /// Any grid of 1 to [`super::LL_MAX_BLOCKS`] blocks; every rank launched with the same `nranks` and `bytes`; `src` `bytes` long,
     /// `dst` `nranks * bytes` (`src == dst + rank * bytes` allowed, no other overlap); `bytes
     /// ≤ LL_MAX_BYTES`; `areas`, `rank`, `nranks`, `ctl` as for [`all_reduce`], whose kernels
     /// and these run on each rank in call order.
@@ -472,8 +552,7 @@ mod dev {
         ctl: *mut u64,
         timeout_ns: u64,
     ) {
-        // SAFETY: reading special registers has no side effects.
-        let (tid, threads) = unsafe { (_thread_idx_x() as usize, _block_dim_x() as usize) };
+        let (tid, threads, first) = grid_thread();
         let n = if nranks > MAX_RANKS {
             MAX_RANKS
         } else {
@@ -531,8 +610,8 @@ mod dev {
                 i += threads;
             }
             _syncthreads();
-            if tid == 0 {
-                core::ptr::write_volatile(header.add(LL_COUNTER), epoch);
+            if first {
+                end_call(header, epoch);
             }
         }
     }

@@ -22,11 +22,39 @@ fn slots_tile_the_area_aligned_and_disjoint() {
         }
     }
     assert_eq!(next, LL_AREA_BYTES);
-    const {
-        assert!(
-            LL_COUNTER < LL_HEADER_WORDS && LL_FAILED < LL_HEADER_WORDS && LL_COUNTER != LL_FAILED
-        )
-    };
+    let words = [LL_COUNTER, LL_FAILED, LL_DONE];
+    for (i, w) in words.iter().enumerate() {
+        assert!(*w < LL_HEADER_WORDS, "header word {w} inside the header");
+        assert!(!words[..i].contains(w), "header word {w} used once");
+    }
+}
+
+#[test]
+fn blocks_cover_the_packets_one_per_thread_within_the_limit() {
+    for threads in [32, 256, 512, 1024] {
+        for bytes in (0..=LL_MAX_BYTES)
+            .step_by(8)
+            .chain([1, 7, 9, LL_MAX_BYTES - 1])
+        {
+            let b = ll_blocks(bytes, threads);
+            assert!((1..=LL_MAX_BLOCKS).contains(&b), "{bytes} B: {b} blocks");
+            let packets = bytes.div_ceil(PACKET_PAYLOAD);
+            // Every packet has a thread of its own where the limit allows, on as few blocks
+            // as that takes.
+            assert!(
+                b * threads >= packets || b == LL_MAX_BLOCKS,
+                "{bytes} B: {b} too few"
+            );
+            assert!(
+                b == 1 || (b - 1) * threads < packets,
+                "{bytes} B: {b} blocks too many"
+            );
+        }
+    }
+    assert_eq!(
+        ll_blocks(LL_MAX_BYTES, 512) * 512 * PACKET_PAYLOAD,
+        LL_MAX_BYTES
+    );
 }
 
 #[test]

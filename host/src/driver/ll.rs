@@ -1,5 +1,6 @@
 //! Launching the LL push kernels (`gpu_kernels::ll`): the all-reduce's arguments ([`LlArgs`])
-//! and the all-gather's ([`LlGatherArgs`]), each one launch of one block.
+//! and the all-gather's ([`LlGatherArgs`]), each one launch of 1 to
+//! `gpu_kernels::ll::LL_MAX_BLOCKS` blocks (`gpu_kernels::ll::ll_blocks`).
 
 use std::ffi::c_void;
 
@@ -84,7 +85,7 @@ impl Kernels {
         Ok(LaunchPlan::one_block(limit))
     }
 
-    /// Enqueues rank `args.rank`'s kernel of an LL all-reduce (one block; see
+    /// Enqueues rank `args.rank`'s kernel of an LL all-reduce (`ll_blocks` blocks; see
     /// `gpu_kernels::ll`). Every rank's kernel of the call must be enqueued, with the same
     /// count, type and operator, or the others wait (until their timeout).
     ///
@@ -111,7 +112,7 @@ impl Kernels {
                 reason: format!("LL all-reduce: rank {} of {n}", args.rank),
             });
         }
-        let plan = self.ll_ready(dtype, op)?;
+        let plan = ll_plan(self.ll_ready(dtype, op)?, bytes);
         if args.count == 0 {
             return Ok(());
         }
@@ -147,7 +148,7 @@ impl Kernels {
         self.ll_gather.is_some()
     }
 
-    /// Enqueues rank `args.rank`'s kernel of an LL all-gather (one block; see
+    /// Enqueues rank `args.rank`'s kernel of an LL all-gather (`ll_blocks` blocks; see
     /// `gpu_kernels::ll::LL_GATHER_ENTRY`). Every rank's kernel of the call must be enqueued,
     /// with the same byte count, or the others wait (until their timeout).
     ///
@@ -187,9 +188,20 @@ impl Kernels {
             param(&args.ctl),
             param(&args.timeout_ns),
         ]);
+        let plan = ll_plan(LaunchPlan::one_block(*limit), args.bytes);
         // SAFETY: `ringccl_ll_gather(u64 src, u64 dst, u64 bytes, u64 × MAX_RANKS, u32 nranks,
         // u32 rank, u64 ctl, u64 timeout_ns)`; the caller guarantees the memory.
-        unsafe { self.launch(stream, f, LaunchPlan::one_block(*limit), &mut params) }
+        unsafe { self.launch(stream, f, plan, &mut params) }
+    }
+}
+
+/// The grid of an LL call moving `bytes` per peer, from its one-block shape `one`:
+/// `gpu_kernels::ll::ll_blocks` blocks of the same threads.
+fn ll_plan(one: LaunchPlan, bytes: usize) -> LaunchPlan {
+    let blocks = gpu_kernels::ll::ll_blocks(bytes, one.threads as usize);
+    LaunchPlan {
+        blocks: u32::try_from(blocks).unwrap_or(1),
+        threads: one.threads,
     }
 }
 
