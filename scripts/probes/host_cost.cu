@@ -2,7 +2,8 @@
 // stream wait on an event, a stream memory write; the queries of a call's validation and
 // plan: cuCtxGetCurrent, cuStreamGetCtx, cuStreamGetId, cuStreamGetCaptureInfo_v3,
 // cuPointerGetAttributes with the three attributes ringccl asks per buffer), and the round trip of a flag between two
-// blocks of one GPU through L2 (the floor of a flag exchange between ranks sharing a GPU).
+// blocks of one GPU through L2 (the floor of a flag exchange between ranks sharing a GPU); and a
+// launch of the LL kernels' shape (their parameter list, 1 and 8 blocks of 512 threads).
 // Build and run on the GPU machine (twice at once under MPS to see two processes' cost):
 //   nvcc -O2 -arch=sm_90 -o host_cost scripts/probes/host_cost.cu -lcuda && ./host_cost
 // Prints µs of host time per iteration of 20000-iteration loops, and the round trip in µs.
@@ -14,6 +15,13 @@
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1);} } while (0)
 #define CD(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { printf("%s: %d\n", #x, (int)e); exit(1);} } while (0)
 __global__ void empty() {}
+// The LL kernels' parameter list (gpu-kernels/src/entry.rs, `EntryKind::Ll`): src, dst, count,
+// scatter, postdiv, 8 LL areas, nranks, rank, ctl, timeout_ns; the body does nothing.
+__global__ void ll_shape(unsigned long long src, unsigned long long dst, unsigned long long count,
+                         unsigned scatter, unsigned postdiv, unsigned long long a0, unsigned long long a1,
+                         unsigned long long a2, unsigned long long a3, unsigned long long a4,
+                         unsigned long long a5, unsigned long long a6, unsigned long long a7,
+                         unsigned nranks, unsigned rank, unsigned long long ctl, unsigned long long timeout_ns) {}
 __global__ void pingpong(volatile unsigned long long *f, int iters, unsigned long long *out) {
   int me = blockIdx.x;
   long long t0 = clock64();
@@ -59,6 +67,21 @@ int main(int argc, char **argv) {
     empty<<<1, 32, 0, s>>>(); CK(cudaEventRecord(ev, s));
   } double q6 = (now() - t) / n; CK(cudaStreamSynchronize(s));
   printf("host_us ctx_get_current=%.3f stream_get_ctx=%.3f stream_get_id=%.3f stream_get_capture_info=%.3f pointer_get_attributes3=%.3f ringccl_call_shape=%.2f\n", q1, q2, q3, q4, q5, q6);
+  // A launch of the LL kernels' shape (17 parameters, 512 threads; 1 and 8 blocks) through the
+  // driver API as ringccl launches it, and the eager LL call's driver part as ringccl-perf
+  // times it: that launch, the call's end event, the timing event.
+  {
+    CUfunction f; CK(cudaGetFuncBySymbol((cudaFunction_t *)&f, (const void *)ll_shape));
+    unsigned long long z = 0, cnt = 2; unsigned u = 0, one = 1, two = 2;
+    void *params[17] = {&z, &z, &cnt, &u, &one, &z, &z, &z, &z, &z, &z, &z, &z, &two, &u, &z, &z};
+    cudaEvent_t ev2; CK(cudaEventCreateWithFlags(&ev2, cudaEventDisableTiming));
+    for (int i = 0; i < 1000; i++) CD(cuLaunchKernel(f, 1, 1, 1, 512, 1, 1, 0, cs, params, 0));
+    CK(cudaStreamSynchronize(s));
+    t = now(); for (int i = 0; i < n; i++) CD(cuLaunchKernel(f, 1, 1, 1, 512, 1, 1, 0, cs, params, 0)); double l1 = (now() - t) / n; CK(cudaStreamSynchronize(s));
+    t = now(); for (int i = 0; i < n; i++) CD(cuLaunchKernel(f, 8, 1, 1, 512, 1, 1, 0, cs, params, 0)); double l8 = (now() - t) / n; CK(cudaStreamSynchronize(s));
+    t = now(); for (int i = 0; i < n; i++) { CD(cuLaunchKernel(f, 1, 1, 1, 512, 1, 1, 0, cs, params, 0)); CK(cudaEventRecord(ev, s)); CK(cudaEventRecord(ev2, s)); } double l3 = (now() - t) / n; CK(cudaStreamSynchronize(s));
+    printf("host_us ll_shape_launch_1x512=%.2f ll_shape_launch_8x512=%.2f ll_shape_launch+2_records=%.2f\n", l1, l8, l3);
+  }
   unsigned long long *out; CK(cudaMalloc(&out, 8)); CK(cudaMemset(word, 0, 64));
   int iters = 10000;
   pingpong<<<2, 1, 0, s>>>(word, iters, out); CK(cudaStreamSynchronize(s));
