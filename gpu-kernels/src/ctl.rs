@@ -169,7 +169,7 @@ mod dev {
 
     /// `*p`, relaxed at system scope (the host may write it at any time).
     #[inline(always)]
-    unsafe fn load_relaxed(p: *const u64) -> u64 {
+    pub(crate) unsafe fn load_relaxed(p: *const u64) -> u64 {
         let v: u64;
         // SAFETY: the caller guarantees `p` is a valid, aligned `u64` (generic address).
         unsafe {
@@ -410,6 +410,8 @@ mod dev {
 }
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) use dev::{fence_sys, meet, pick, published, store_relaxed, wait_geq, wait_step};
+pub(crate) use dev::{
+    fence_sys, load_relaxed, meet, pick, published, store_relaxed, wait_geq, wait_step,
+};
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use dev::{store_release, wait_at_least};

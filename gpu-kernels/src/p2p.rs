@@ -19,7 +19,9 @@
 //! * `DATA[s][c]` in `d`'s header, written by `s`: chunks `s` has put in `d`'s slots;
 //! * `CONSUMED[d][c]` in `s`'s header, written by `d`: chunks `d` has copied out of them;
 //! * `SENT[d][c]` in `s`'s header and `RECVD[s][c]` in `d`'s, each written only by its owner's
-//!   kernel: where the next group's chunks start.
+//!   kernel: where the next group's chunks start;
+//! * `POST_ADDR[d][c]` and `POST_TAG[d][c]` in `s`'s header, written by `d`: a posted
+//!   transfer's receive buffer (below).
 //!
 //! The `k`-th chunk of the channel (counted over every group) fills slot `k % SLOTS` of
 //! channel `c` of the region `d` keeps for `s`. The sender waits until `CONSUMED >= k + 1 -
@@ -46,6 +48,21 @@
 //! an earlier chunk of its parity (`k - 2`, …), and zeroed memory flag 0, which `ll_flag` never
 //! gives; only a chunk exactly `2^32 - 1` chunks of the channel before (with no LL chunk of
 //! that parity since) could carry the same flag.
+//!
+//! ## Large transfers into a registered buffer: posted, zero-copy
+//!
+//! A transfer the host marks [`kind::POSTED`] (on both sides alike: the communicator has
+//! registered buffers, and the transfer is larger than [`LL_MAX_BYTES`]) starts with a post from the
+//! receiver: each receiving channel writes into the sender's header where its bytes may go
+//! (`POST_ADDR`: the receive buffer as the sender's process maps it, when it is one buffer
+//! inside a registered allocation; else 0), then release-stores `RECVD + 1` into `POST_TAG`.
+//! The sending channel waits for that tag (its `SENT` equals the receiver's `RECVD`), reads
+//! the address, and, if not 0, copies its share ([`direct_share`]) straight into the receive
+//! buffer, fences and release-stores `SENT + chunks` into `DATA` at once; the receiver waits
+//! for that, stores the same into `CONSUMED` (no slot was used), and both counters move on
+//! as if the chunks had passed through the slots. Where 0 was posted, the chunks go through
+//! the slots as above (the post cost one one-way trip). The post also says that the receiver
+//! has reached the group, so nothing of its earlier work on the buffer is pending.
 //!
 //! Sends and receives run in different blocks; the host sizes the grid so that every block of
 //! every rank is resident at once ([`channel_cap`]), so a rank that sends to and receives from
@@ -77,8 +94,11 @@ pub const MAX_OPS: usize = 2 * MAX_RANKS;
 /// into chunks across their buffers.
 pub const MAX_PIECES: usize = 64;
 
-/// Counters in a header: four roles × [`MAX_RANKS`] peers × [`CHANNELS`] channels.
-pub const HEADER_WORDS: usize = 4 * MAX_RANKS * CHANNELS;
+/// Words of one role of a header: one per peer and channel.
+pub const ROLE_WORDS: usize = MAX_RANKS * CHANNELS;
+
+/// Counters in a header: six roles × [`MAX_RANKS`] peers × [`CHANNELS`] channels.
+pub const HEADER_WORDS: usize = 6 * ROLE_WORDS;
 
 /// Bytes of a header (a multiple of 256, so the regions stay aligned).
 pub const HEADER_BYTES: usize = HEADER_WORDS * 8;
@@ -112,6 +132,13 @@ pub const CONSUMED: usize = 1;
 pub const SENT: usize = 2;
 /// Role of a header word: chunks this rank has received from a peer (its own).
 pub const RECVD: usize = 3;
+/// Role of a header word of a posted transfer ([`kind::POSTED`]): where a peer wants this
+/// rank's bytes written (its receive buffer as mapped in this process; 0: through the slots),
+/// written by the peer before [`POST_TAG`].
+pub const POST_ADDR: usize = 4;
+/// Role of a header word of a posted transfer: `RECVD + 1` of the peer's channel when it
+/// posted [`POST_ADDR`] (release-stored after it).
+pub const POST_TAG: usize = 5;
 
 /// An operation's kind ([`P2pOpDesc::kind`]).
 pub mod kind {
@@ -123,6 +150,34 @@ pub mod kind {
     pub const RECV: u32 = 2;
     /// A local copy from `user` to `slots`.
     pub const COPY: u32 = 3;
+    /// Or'ed into a [`SEND`] or [`RECV`] of more than [`LL_MAX_BYTES`](super::LL_MAX_BYTES)
+    /// (both sides alike): a *posted* transfer. Each receiving channel first posts where the
+    /// sender may write its bytes (`user` of the receive: the receive buffer as mapped in the
+    /// sender's process, or 0) into the sender's header ([`POST_ADDR`](super::POST_ADDR),
+    /// [`POST_TAG`](super::POST_TAG)); each sending channel waits for that post, then copies
+    /// its share of the bytes straight into the receive buffer and signals `DATA` once
+    /// (zero-copy), or, where 0 was posted, moves its chunks through the slots as any transfer.
+    pub const POSTED: u32 = 1 << 8;
+    /// The bits of the kind itself, without [`POSTED`].
+    pub const MASK: u32 = 0xff;
+}
+
+/// The bytes `[lo, hi)` that channel `c` of `channels` copies of a zero-copy transfer of
+/// `bytes` ([`kind::POSTED`]): one contiguous share each, a multiple of 256 bytes but the last.
+///
+/// ```
+/// use gpu_kernels::p2p::direct_share;
+/// assert_eq!(direct_share(1000, 2, 0), (0, 512));
+/// assert_eq!(direct_share(1000, 2, 1), (512, 1000));
+/// assert_eq!(direct_share(100, 4, 3), (100, 100)); // nothing left for the last channel
+/// ```
+#[inline(always)]
+pub const fn direct_share(bytes: usize, channels: usize, c: usize) -> (usize, usize) {
+    let ch = if channels == 0 { 1 } else { channels };
+    let per = bytes.div_ceil(ch).div_ceil(256) * 256;
+    let lo = if c * per < bytes { c * per } else { bytes };
+    let hi = if lo + per < bytes { lo + per } else { bytes };
+    (lo, hi)
 }
 
 /// The index of the header word of `role` for `peer` and `channel`.
@@ -436,9 +491,11 @@ impl P2pArgs {
 mod dev {
     use super::{
         kind, word, P2pArgsOf, P2pOpDesc, P2pPiece, CONSUMED, DATA, HEADER_BYTES, LL_CHUNK_BYTES,
-        LL_SLOT_BYTES, MAX_OPS, RECVD, SENT, SLOTS, SLOT_BYTES,
+        LL_SLOT_BYTES, MAX_OPS, POST_ADDR, POST_TAG, RECVD, ROLE_WORDS, SENT, SLOTS, SLOT_BYTES,
     };
-    use crate::ctl::{fence_sys, store_relaxed, store_release, wait_at_least, wait_step};
+    use crate::ctl::{
+        fence_sys, load_relaxed, store_relaxed, store_release, wait_at_least, wait_step,
+    };
     use crate::ll::{load_packet, store_packet, PACKET_BYTES, PACKET_PAYLOAD};
     use crate::prim::Grid;
     use core::arch::asm;
@@ -460,9 +517,19 @@ mod dev {
         out != 0
     }
 
-    /// `len` bytes from `src` to `dst` by the threads of this block.
+    /// `len` bytes from `src` to `dst` by the threads of this block; with `deep`, more loads
+    /// in flight per thread ([`crate::prim::copy_deep`]: a zero-copy share, one range per block).
     #[inline(always)]
-    unsafe fn copy(tid: usize, threads: usize, src: u64, dst: u64, len: usize) {
+    unsafe fn copy(tid: usize, threads: usize, src: u64, dst: u64, len: usize, deep: bool) {
+        if deep {
+            let grid = Grid {
+                thread: tid,
+                threads,
+            };
+            // SAFETY: per the caller, both ranges are valid and do not overlap.
+            unsafe { crate::prim::copy_deep(grid, src as *const u8, dst as *mut u8, len) };
+            return;
+        }
         // SAFETY: per the caller, both ranges are valid and do not overlap.
         unsafe {
             crate::prim::reduce_copy::<u8, crate::op::Sum, 1>(
@@ -527,7 +594,7 @@ mod dev {
         threads: usize,
         (at, len): (u64, u64),
         slot: u64,
-        to_slot: bool,
+        (to_slot, deep): (bool, bool),
     ) {
         let end = at + len;
         let mut off = 0u64;
@@ -545,9 +612,9 @@ mod dev {
                 // SAFETY: per the caller, the piece and the slot hold these bytes.
                 unsafe {
                     if to_slot {
-                        copy(tid, threads, user, s, (hi - lo) as usize);
+                        copy(tid, threads, user, s, (hi - lo) as usize, deep);
                     } else {
-                        copy(tid, threads, s, user, (hi - lo) as usize);
+                        copy(tid, threads, s, user, (hi - lo) as usize, deep);
                     }
                 }
             }
@@ -693,6 +760,92 @@ mod dev {
         true
     }
 
+    /// How a posted transfer's channel went ([`posted_send`], [`posted_recv`]).
+    enum Posted {
+        /// The receiver posted this address (in this process): copy there, then signal.
+        Direct(u64),
+        /// Moved zero-copy, counters advanced: the block is done.
+        Done,
+        /// A wait gave up (status written): the block ends.
+        GaveUp,
+        /// 0 was posted: the chunks go through the slots.
+        Slots,
+    }
+
+    /// A posted send's channel `c` (see the module docs): waits for the receiver's post in
+    /// this rank's header (`base + 1` in `POST_TAG[peer][c]`) and answers where to write
+    /// ([`Posted::Direct`]) or that the chunks go through the slots (0 posted).
+    ///
+    /// # Safety
+    /// As the kernel's: `header` this rank's.
+    #[inline(always)]
+    unsafe fn posted_send(
+        tid: usize,
+        c: usize,
+        header: *mut u64,
+        base: u64,
+        (ctl, timeout_ns, status, peer): (*mut u64, u64, usize, usize),
+    ) -> Posted {
+        // SAFETY (below): per the caller; the words are inside this rank's header.
+        unsafe {
+            let tag = header.add(word(POST_TAG, peer, c));
+            let mut ok = true;
+            if tid == 0 {
+                ok = wait_at_least(tag, base + 1, ctl, timeout_ns, status, peer);
+            }
+            if sync_any(!ok) {
+                return Posted::GaveUp;
+            }
+            // Thread 0's acquire of the tag, then the barrier: every thread sees the address
+            // written before the tag's release.
+            match load_relaxed(header.add(word(POST_ADDR, peer, c))) {
+                0 => Posted::Slots,
+                dst => Posted::Direct(dst),
+            }
+        }
+    }
+
+    /// A posted receive's channel (see the module docs): posts `o.user` (the receive buffer as
+    /// the sender maps it, or 0) and the tag `base + 1` into the sender's header (`remote` is
+    /// the sender's `CONSUMED[rank][c]`, the post words are further on in its header); where
+    /// it posted an address, waits until `DATA` (`data`, this rank's) reaches `done` and
+    /// advances `CONSUMED` and `RECVD` (`own`) to it.
+    ///
+    /// # Safety
+    /// As the kernel's, with the words as named.
+    #[inline(always)]
+    unsafe fn posted_recv(
+        o: &P2pOpDesc,
+        tid: usize,
+        (data, remote, own): (*mut u64, *mut u64, *mut u64),
+        (base, done): (u64, u64),
+        (ctl, timeout_ns, status, peer): (*mut u64, u64, usize, usize),
+    ) -> Posted {
+        // SAFETY (below): per the caller; the post words are in the sender's header, at the
+        // same peer and channel as `remote`, whole roles further on.
+        unsafe {
+            let mut ok = true;
+            if tid == 0 {
+                store_relaxed(remote.add((POST_ADDR - CONSUMED) * ROLE_WORDS), o.user);
+                store_release(remote.add((POST_TAG - CONSUMED) * ROLE_WORDS), base + 1);
+                if o.user != 0 {
+                    ok = wait_at_least(data, done, ctl, timeout_ns, status, peer);
+                }
+            }
+            if sync_any(!ok) {
+                return Posted::GaveUp;
+            }
+            if o.user == 0 {
+                return Posted::Slots;
+            }
+            if tid == 0 {
+                store_relaxed(remote, done);
+                core::ptr::write_volatile(own, done);
+            }
+        }
+        Posted::Done
+    }
+
     /// The body of `ringccl_p2p` (see the module docs).
     ///
     /// # Safety
@@ -717,7 +870,7 @@ mod dev {
         // SAFETY (below): every address per the caller's contract; indices stay inside the
         // header (peer < MAX_RANKS, channel < CHANNELS: checked by the host) and the slots.
         unsafe {
-            match o.kind {
+            match o.kind & kind::MASK {
                 kind::COPY => {
                     let threads_all = o.channels as usize * threads;
                     crate::prim::reduce_copy::<u8, crate::op::Sum, 1>(
@@ -734,7 +887,7 @@ mod dev {
                     );
                 }
                 kind::SEND | kind::RECV => {
-                    let send = o.kind == kind::SEND;
+                    let send = o.kind & kind::MASK == kind::SEND;
                     let (wait_role, own_role) = if send {
                         (CONSUMED, SENT)
                     } else {
@@ -765,6 +918,43 @@ mod dev {
                     };
                     let base = core::ptr::read_volatile(own);
                     let n = super::channel_chunks(bytes, o.channels as usize, c);
+                    if o.kind & kind::POSTED != 0 && !ll {
+                        let wait = (ctl, args.timeout_ns, args.slot as usize, peer);
+                        let done = base + n as u64;
+                        let went = if send {
+                            posted_send(tid, c, header, base, wait)
+                        } else {
+                            posted_recv(&o, tid, (wait_word, remote, own), (base, done), wait)
+                        };
+                        match went {
+                            Posted::Done | Posted::GaveUp => return,
+                            Posted::Slots => {}
+                            Posted::Direct(dst) => {
+                                // This channel's share straight into the receive buffer.
+                                let (lo, hi) = super::direct_share(bytes, o.channels as usize, c);
+                                if lo < hi {
+                                    let share = (lo as u64, (hi - lo) as u64);
+                                    chunk(
+                                        args,
+                                        &o,
+                                        tid,
+                                        threads,
+                                        share,
+                                        dst + lo as u64,
+                                        (true, true),
+                                    );
+                                }
+                                // Every thread's stores come before the signal.
+                                fence_sys();
+                                _syncthreads();
+                                if tid == 0 {
+                                    store_release(remote, done);
+                                    core::ptr::write_volatile(own, done);
+                                }
+                                return;
+                            }
+                        }
+                    }
                     let mut j = 0;
                     while j < n {
                         let k = base + j as u64;
@@ -836,7 +1026,15 @@ mod dev {
                                 }
                             }
                         } else {
-                            chunk(args, &o, tid, threads, (at as u64, len as u64), slot, send);
+                            chunk(
+                                args,
+                                &o,
+                                tid,
+                                threads,
+                                (at as u64, len as u64),
+                                slot,
+                                (send, false),
+                            );
                             // Every thread's stores (a send) or loads (a receive) of the chunk
                             // come before the signal, at system scope.
                             fence_sys();
@@ -867,7 +1065,11 @@ mod tests {
     #[test]
     fn the_layout_fits_and_the_channels_partition_the_chunks() {
         assert_eq!(HEADER_BYTES % 256, 0);
-        assert!(word(RECVD, MAX_RANKS - 1, CHANNELS - 1) < HEADER_WORDS);
+        assert!(word(POST_TAG, MAX_RANKS - 1, CHANNELS - 1) < HEADER_WORDS);
+        assert_eq!(
+            word(POST_ADDR, 3, 5) - word(CONSUMED, 3, 5),
+            (POST_ADDR - CONSUMED) * ROLE_WORDS
+        );
         assert_eq!(channel_offset(1, 0), HEADER_BYTES + REGION_BYTES);
         assert_eq!(
             ll_channel_offset(MAX_RANKS - 1, LL_CHANNELS - 1) + SLOTS * LL_SLOT_BYTES,

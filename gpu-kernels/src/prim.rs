@@ -314,6 +314,88 @@ unsafe fn vectors<T: Element, O: ReduceOp, const NS: usize, const TWO: bool>(
     }
 }
 
+/// Vectors each thread keeps in flight per loop iteration of [`copy_deep`].
+pub const DEEP_UNROLL: usize = 16;
+
+/// `len` bytes from `src` to `dst` by the threads of `grid`, as [`reduce_copy`]'s one-source
+/// copy but with [`DEEP_UNROLL`] 16-byte vectors in flight per thread instead of 4: for one
+/// block moving a large range on its own (a point-to-point channel's share, written straight
+/// into a peer's buffer), whose time is the loads' latency per loop iteration. Pointers not
+/// aligned alike modulo 16, and ranges too short for one deep iteration of the grid, take
+/// [`reduce_copy`].
+///
+/// ```
+/// use gpu_kernels::prim::{copy_deep, Grid};
+/// let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+/// let mut dst = vec![0u8; 5000];
+/// // Two "threads", one after the other, as on the host.
+/// for t in 0..2 {
+///     // SAFETY: both ranges hold 4999 bytes from offset 1, and do not overlap.
+///     unsafe { copy_deep(Grid { thread: t, threads: 2 }, src.as_ptr().add(1), dst.as_mut_ptr().add(1), 4999) };
+/// }
+/// assert_eq!(&dst[1..], &src[1..]);
+/// ```
+///
+/// # Safety
+/// `src` readable and `dst` writable for `len` bytes, not overlapping; every thread of the
+/// grid calls this with the same arguments.
+#[inline(always)]
+pub unsafe fn copy_deep(grid: Grid, src: *const u8, dst: *mut u8, len: usize) {
+    let mis = dst as usize % VECTOR_BYTES;
+    let head = (VECTOR_BYTES - mis) % VECTOR_BYTES;
+    let deep = grid.threads.saturating_mul(DEEP_UNROLL * VECTOR_BYTES);
+    let plain = || {
+        // SAFETY: per this function's contract.
+        unsafe {
+            reduce_copy::<u8, crate::op::Sum, 1>(grid, [src], 1, dst, core::ptr::null_mut(), len, 1)
+        }
+    };
+    if src as usize % VECTOR_BYTES != mis || len < head.saturating_add(deep) {
+        plain();
+        return;
+    }
+    let nvec = (len - head) / VECTOR_BYTES;
+    let tail = head + nvec * VECTOR_BYTES;
+    // SAFETY (below): every access is inside the two ranges, per this function's contract;
+    // `s` and `d` are 16-byte aligned (the head brings both to a boundary).
+    unsafe {
+        let one = |at: usize, n: usize| {
+            reduce_copy::<u8, crate::op::Sum, 1>(
+                grid,
+                [src.add(at)],
+                1,
+                dst.add(at),
+                core::ptr::null_mut(),
+                n,
+                1,
+            )
+        };
+        one(0, head);
+        let s = src.add(head) as *const Pack;
+        let d = dst.add(head) as *mut Pack;
+        let step = grid.threads;
+        let mut v = grid.thread;
+        while v + (DEEP_UNROLL - 1) * step < nvec {
+            let mut p = [Pack([0; 2]); DEEP_UNROLL];
+            unrolled::<DEEP_UNROLL>(DEEP_UNROLL, |u| p[u] = load_pack(s.add(v + u * step)));
+            unrolled::<DEEP_UNROLL>(DEEP_UNROLL, |u| store_pack(d.add(v + u * step), p[u]));
+            v += DEEP_UNROLL * step;
+        }
+        // The rest, 4 at a time, then one by one.
+        while v + (UNROLL - 1) * step < nvec {
+            let mut p = [Pack([0; 2]); UNROLL];
+            unrolled::<UNROLL>(UNROLL, |u| p[u] = load_pack(s.add(v + u * step)));
+            unrolled::<UNROLL>(UNROLL, |u| store_pack(d.add(v + u * step), p[u]));
+            v += UNROLL * step;
+        }
+        while v < nvec {
+            store_pack(d.add(v), load_pack(s.add(v)));
+            v += step;
+        }
+        one(tail, len - tail);
+    }
+}
+
 /// `dst[i] = src[i] * scalar` ([`Element::mul`]) for every `i < count` this thread owns:
 /// NCCL's PreMulSum pre-multiplication (`FuncPreMulSum`'s `preOp` in
 /// `src/device/reduce_kernel.h`), which for every type is that type's product: wrapping for
@@ -390,6 +472,54 @@ mod tests {
     use super::*;
     use crate::element::{Bf16, F16};
     use crate::op::{Max, Sum};
+
+    #[test]
+    fn copy_deep_moves_every_byte_at_any_alignment_and_length() {
+        // A 16-byte-aligned backing store, so the offsets below set the alignment.
+        let mut src_store = [Pack([0; 2]); 4096];
+        let mut dst_store = [Pack([0; 2]); 4096];
+        let cap = 4096 * VECTOR_BYTES;
+        for (i, b) in src_store
+            .iter_mut()
+            .flat_map(|p| p.0.iter_mut())
+            .enumerate()
+        {
+            *b = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        for (so, doff) in [(0, 0), (3, 3), (5, 9), (15, 15), (1, 0)] {
+            for len in [0, 1, 15, 16, 17, 255, 4096, 33 * 1024 + 7, cap - 32] {
+                for threads in [1, 3, 64] {
+                    for p in dst_store.iter_mut() {
+                        *p = Pack([0; 2]);
+                    }
+                    let src = src_store.as_ptr() as *const u8;
+                    let dst = dst_store.as_mut_ptr() as *mut u8;
+                    for t in 0..threads {
+                        // SAFETY: offsets + len stay inside the stores (len ≤ cap - 32).
+                        unsafe {
+                            copy_deep(Grid { thread: t, threads }, src.add(so), dst.add(doff), len)
+                        };
+                    }
+                    // SAFETY: inside the stores.
+                    let (a, b) = unsafe {
+                        (
+                            core::slice::from_raw_parts(src.add(so), len),
+                            core::slice::from_raw_parts(dst as *const u8, cap),
+                        )
+                    };
+                    assert_eq!(
+                        &b[doff..doff + len],
+                        a,
+                        "{so}/{doff} {len} bytes, {threads} threads"
+                    );
+                    assert!(
+                        b[..doff].iter().chain(&b[doff + len..]).all(|&x| x == 0),
+                        "outside the range"
+                    );
+                }
+            }
+        }
+    }
 
     /// `set_lane` writes exactly one lane and `lane` reads it back, for every lane of every type.
     fn check_lanes<T: Element + core::fmt::Debug>() {

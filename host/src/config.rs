@@ -243,8 +243,12 @@ pub struct Config {
     /// engines and the scratch, as in larger communicators. Under CUDA-graph capture every
     /// transfer runs on the kernel (the copy-engine path cannot be captured), so both sides of
     /// a transfer above the limit must be captured or both eager (PyTorch captures on every
-    /// rank); a mismatch waits until the timeout. Must be the same on every rank: the two
-    /// sides of a transfer choose its path alike.
+    /// rank); a mismatch waits until the timeout. On the kernel, while the communicator has
+    /// registered buffers (`Communicator::register`, `ncclCommWindowRegister`), a receive into
+    /// a registered buffer is written by the sender directly (`gpu_kernels::p2p::kind::POSTED`);
+    /// the limit stays: on one H200 shared by two processes a 2 MiB transfer took 35 µs so
+    /// (the kernel's 8 channels) against 21–31 on the copy engines (`docs/PERFORMANCE.md`).
+    /// Must be the same on every rank: the two sides of a transfer choose its path alike.
     pub p2p_kernel_max_bytes: usize,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between

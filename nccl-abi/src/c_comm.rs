@@ -518,8 +518,10 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
 
 /// `ncclCommWindowRegister` (NCCL 2.27+; collective: every rank, in the same order): registers
 /// the buffer with ringccl (`ringccl::Communicator::register_raw`): in a communicator of
-/// processes its allocation is mapped into every peer, and a one-shot all-reduce whose input
-/// lies in it is read in place (zero-copy); every other call works as on any buffer. Memory
+/// processes its allocation is mapped into every peer, a one-shot all-reduce whose input lies
+/// in it is read in place (zero-copy, with `RINGCCL_ZERO_COPY_READS=1`), and a receive of more
+/// than 64 KiB into it on the point-to-point kernel is written by the sender directly; every
+/// other call works as on any buffer. Memory
 /// CUDA IPC cannot export (pool or VMM allocations) stays unregistered with a logged reason,
 /// and its calls are staged: still `ncclSuccess`. `winFlags` may be `NCCL_WIN_DEFAULT` or
 /// `NCCL_WIN_COLL_SYMMETRIC` (ringccl's kernels need no symmetric layout; both are accepted);

@@ -5,8 +5,9 @@
 //! one kernel launch per eager collective or point-to-point group; no stream wait when the
 //! previous call ran on the same stream, one when it did not; no copy at all for the LL
 //! all-reduce, for a one-shot all-reduce on a registered buffer (read in place by the peers)
-//! and the LL all-gather (switched on here), and for a point-to-point group between distinct
-//! ranks; a captured call replayed is one
+//! and the LL all-gather (switched on here), for a point-to-point group between distinct
+//! ranks and for a 1 MiB one into a registered receive buffer (written by the sender
+//! directly); a captured call replayed is one
 //! graph launch; no heap allocation (a counting global allocator) in an eager collective on plain
 //! buffers. Where a case allocates, the call sites of one call's allocations are printed (the
 //! ringccl frames of their backtraces).
@@ -446,6 +447,30 @@ fn rank_counts_driver_calls() {
             comm.peer_ops(&mut ops, &s).expect("peer_ops");
         },
     );
+    // A 1 MiB ring shift into registered receive buffers: posted on the point-to-point
+    // kernel, the sender writes the receive buffer directly (no copy, one launch).
+    let big = 256 << 10; // f32: 1 MiB, the default RINGCCL_P2P_KERNEL_MAX_BYTES
+    let bsend = Plain::<f32>::new(big, ordinal);
+    bsend.upload(&(0..big).map(|i| input(rank, i)).collect::<Vec<_>>());
+    let mut brecv = Plain::<f32>::new(big, ordinal);
+    let reg = comm.register(&brecv).expect("register");
+    me.case(
+        &comm,
+        "send/recv 1 MiB into a registered buffer (ring shift, posted, zero-copy)",
+        EAGER_NO_COPY,
+        || {
+            let mut ops = [
+                PeerOp::send(rank, next, &bsend, big),
+                PeerOp::recv(rank, prev, &mut brecv, big),
+            ];
+            comm.peer_ops(&mut ops, &s).expect("peer_ops");
+        },
+    );
+    stream.synchronize().expect("synchronize");
+    let got = brecv.download();
+    let wrong = (0..big).filter(|&i| got[i] != input(prev, i)).count();
+    assert_eq!(wrong, 0, "rank {rank}: the zero-copy ring shift's result");
+    drop(reg);
 
     // A captured LL all-reduce, replayed.
     stream

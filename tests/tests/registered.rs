@@ -1,7 +1,10 @@
 //! GPU test of registered (zero-copy) buffers in a job of processes: one-shot all-reduces on
 //! registered and unregistered buffers, in place and out of place, with every rank or only
 //! some ranks reading registered inputs, and a buffer freed and re-allocated between calls;
-//! every result bit-exact against the host's, and the staging copies counted
+//! point-to-point ring shifts (posted transfers, `gpu_kernels::p2p::kind::POSTED`) into
+//! registered and unregistered receive buffers, on every rank or some, freed and re-allocated,
+//! eager and captured into a CUDA graph; every result bit-exact against the host's (and the
+//! bytes past a receive untouched), and the staging counted
 //! (`ringccl::internals::driver::zc_counters`).
 //!
 //! `registered_buffers_across_processes` starts two jobs of `RINGCCL_TEST_PROCESSES` processes
@@ -14,7 +17,7 @@
 use std::time::Duration;
 
 use ringccl::internals::driver::zc_counters::{snapshot, Counters};
-use ringccl::{Communicator, Io, RedOp};
+use ringccl::{Communicator, Io, PeerOp, RedOp};
 use ringccl_tests::jobs::{run_job, this_rank, JobRank};
 
 type Plain = ringccl_tests::plain::Plain<i32>;
@@ -73,6 +76,132 @@ impl Rank {
 }
 
 const COUNTS: [usize; 3] = [1, 4097, 70_000];
+
+/// Elements (i32) of the point-to-point ring shifts on the kernel: just above the LL size
+/// (64 KiB), 256 KiB, 768 KiB with an odd tail and 1 MiB (the default
+/// `RINGCCL_P2P_KERNEL_MAX_BYTES`).
+const P2P_COUNTS: [usize; 4] = [16_385, 65_536, 196_611, 262_144];
+
+/// Elements of the captured ring shift: 2 MiB (under capture every size runs on the kernel).
+const CAPTURED_COUNT: usize = 524_288;
+
+/// What a receive buffer holds past the received elements (and before the call).
+const UNTOUCHED: i32 = -99;
+
+impl Rank {
+    /// One ring shift of `count` elements (to the next rank, from the previous one) from
+    /// `send` into `recv`, checked (the received elements, and `recv` past them untouched);
+    /// returns the wrong elements.
+    fn shift(&self, send: &Plain, recv: &mut Plain, count: usize, salt: usize) -> usize {
+        let (r, n) = (self.rank, self.n);
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        send.upload(
+            &(0..send.len())
+                .map(|i| input(r, i, salt))
+                .collect::<Vec<_>>(),
+        );
+        recv.upload(&vec![UNTOUCHED; recv.len()]);
+        let mut ops = [
+            PeerOp::send(r, next, send, count),
+            PeerOp::recv(r, prev, recv, count),
+        ];
+        self.comm
+            .peer_ops(&mut ops, &[self.comm.stream(r)])
+            .expect("peer_ops");
+        self.comm.stream(r).synchronize().expect("synchronize");
+        self.check_shift(&recv.download(), count, salt)
+    }
+
+    /// The wrong elements of a ring shift's receive buffer `out` (see [`Rank::shift`]).
+    fn check_shift(&self, out: &[i32], count: usize, salt: usize) -> usize {
+        let (r, n) = (self.rank, self.n);
+        let prev = (r + n - 1) % n;
+        let bad = (0..out.len())
+            .filter(|&i| {
+                out[i]
+                    != if i < count {
+                        input(prev, i, salt)
+                    } else {
+                        UNTOUCHED
+                    }
+            })
+            .count();
+        if bad > 0 {
+            eprintln!("rank {r}: ring shift of {count} elements (salt {salt}): {bad} wrong");
+        }
+        bad
+    }
+}
+
+/// Every rank registers one buffer: its receive buffer where `recv_registered`, else its send
+/// buffer (registration is collective; either way the communicator has one, so every
+/// transfer above the LL size is posted). Returns the wrong elements and the counters.
+fn p2p_round(me: &Rank, recv_registered: bool) -> (usize, Counters) {
+    let len = P2P_COUNTS.iter().max().unwrap_or(&1) + 40;
+    let send = Plain::new(len, me.ordinal);
+    let mut recv = Plain::new(len, me.ordinal);
+    let reg = if recv_registered {
+        me.comm.register(&recv)
+    } else {
+        me.comm.register(&send)
+    }
+    .expect("register");
+    let before = snapshot();
+    let mut bad = 0;
+    for (k, &c) in P2P_COUNTS.iter().enumerate() {
+        bad += me.shift(&send, &mut recv, c, 30 + k);
+    }
+    let spent = snapshot().since(&before);
+    me.comm.synchronize().expect("synchronize");
+    reg.deregister().expect("deregister");
+    (bad, spent)
+}
+
+/// A 2 MiB ring shift into a registered receive buffer captured into a graph, the buffer then
+/// deregistered, the graph replayed three times with new inputs; returns the wrong elements.
+fn captured_shift(me: &Rank) -> usize {
+    use cudarc::driver::sys;
+    let (r, n) = (me.rank, me.n);
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let count = CAPTURED_COUNT;
+    let send = Plain::new(count, me.ordinal);
+    let mut recv = Plain::new(count, me.ordinal);
+    let reg = me.comm.register(&recv).expect("register");
+    let mut bad = me.shift(&send, &mut recv, count, 40);
+    let stream = me.comm.stream(r).clone();
+    let before = snapshot();
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .expect("begin capture");
+    let captured = {
+        let mut ops = [
+            PeerOp::send(r, next, &send, count),
+            PeerOp::recv(r, prev, &mut recv, count),
+        ];
+        me.comm.peer_ops(&mut ops, &[&stream])
+    };
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured.expect("captured peer_ops");
+    let graph = graph.expect("end capture").expect("a graph");
+    let spent = snapshot().since(&before);
+    assert_eq!(
+        (spent.zero_copy_receives, spent.staged_receives),
+        (1, 0),
+        "rank {r}: the captured receive is zero-copy: {spent:?}"
+    );
+    reg.deregister().expect("deregister");
+    for salt in 41..44 {
+        send.upload(&(0..count).map(|i| input(r, i, salt)).collect::<Vec<_>>());
+        recv.upload(&vec![UNTOUCHED; count]);
+        // No barrier needed: a sender writes `recv` only after its owner's replay posted it.
+        graph.launch().expect("replay");
+        stream.synchronize().expect("synchronize");
+        bad += me.check_shift(&recv.download(), count, salt);
+    }
+    // Each replay's receive ended after the sender's writes (its `DATA` signal).
+    drop(graph);
+    bad
+}
 
 /// Every rank registers its buffer; the ranks in `reads_registered` call on it, the others on
 /// an unregistered one. Returns the wrong elements and the counters of the calls.
@@ -255,6 +384,80 @@ fn rank_with_registered_buffers() {
     // Captured into a CUDA graph, then deregistered: replays still read it in place (the
     // peers keep their mappings while the communicator's windows live).
     bad += captured_round(&me);
+
+    // Point-to-point: every receive buffer registered, the sender writes it directly.
+    let shifts = P2P_COUNTS.len() as u64;
+    let (b, spent) = p2p_round(&me, true);
+    bad += b;
+    assert_eq!(
+        (spent.zero_copy_receives, spent.staged_receives),
+        (shifts, 0),
+        "rank {rank}: every posted receive zero-copy: {spent:?}"
+    );
+    assert_eq!(spent.ipc_opens, 0, "no mapping per call");
+    // Registered send buffers only: every transfer posted, every receive staged.
+    let (b, spent) = p2p_round(&me, false);
+    bad += b;
+    assert_eq!(
+        (spent.zero_copy_receives, spent.staged_receives),
+        (0, shifts),
+        "rank {rank}: {spent:?}"
+    );
+    // Only the even ranks' receive buffers registered: a mix across the pairs.
+    let (b, spent) = p2p_round(&me, rank.is_multiple_of(2));
+    bad += b;
+    let want = if rank.is_multiple_of(2) {
+        (shifts, 0)
+    } else {
+        (0, shifts)
+    };
+    assert_eq!(
+        (spent.zero_copy_receives, spent.staged_receives),
+        want,
+        "rank {rank}: {spent:?}"
+    );
+    // No registration left: nothing posted.
+    {
+        let len = P2P_COUNTS[3] + 40;
+        let (send, mut recv) = (Plain::new(len, me.ordinal), Plain::new(len, me.ordinal));
+        let before = snapshot();
+        for (k, &c) in P2P_COUNTS.iter().enumerate() {
+            bad += me.shift(&send, &mut recv, c, 50 + k);
+        }
+        let spent = snapshot().since(&before);
+        assert_eq!(
+            (spent.zero_copy_receives, spent.staged_receives),
+            (0, 0),
+            "rank {rank}: {spent:?}"
+        );
+    }
+    // A registered receive buffer freed and re-allocated between calls: staged from then on.
+    {
+        let count = P2P_COUNTS[2];
+        let send = Plain::new(count, me.ordinal);
+        let mut a = Plain::new(count, me.ordinal);
+        let reg = me.comm.register(&a).expect("register");
+        bad += me.shift(&send, &mut a, count, 60);
+        // The previous rank's writes into `a` ended before the receive did (synchronized).
+        let old = a.ptr();
+        drop(a);
+        let mut b2 = Plain::new(count, me.ordinal);
+        println!(
+            "rank {rank}: receive buffer re-allocated at the freed address: {}",
+            b2.ptr() == old
+        );
+        let before = snapshot();
+        bad += me.shift(&send, &mut b2, count, 61);
+        let spent = snapshot().since(&before);
+        assert_eq!(
+            (spent.zero_copy_receives, spent.staged_receives),
+            (0, 1),
+            "rank {rank}: a stale registration is never written: {spent:?}"
+        );
+        me.comm.synchronize().expect("synchronize");
+        drop(reg);
+    }
+    bad += captured_shift(&me);
 
     println!("rank {rank} of {n}: {bad} wrong elements");
     assert_eq!(bad, 0, "rank {rank}: wrong elements");

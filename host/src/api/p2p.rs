@@ -441,18 +441,31 @@ impl Communicator {
         // IPC, the kernel loaded (`plan::p2p_kernel`). The choice depends on the communicator
         // alone, so that every rank makes the same one. On it, transfers above
         // `Config::p2p_kernel_max_bytes` go through the copy engines instead, eager only (both
-        // sides of a transfer add up the same bytes: `split_large`).
+        // sides of a transfer add up the same bytes: `split_large`). While the communicator
+        // has a registered buffer (the same on every rank), the kernel's transfers above the
+        // LL size are posted: a receive into a registered buffer is written by the sender
+        // directly (zero-copy).
+        let on_kernel = p.net.is_none() && me.kernels.has_p2p() && call.state.windows.p2p().len() == p.nranks;
+        let posted = on_kernel && call.state.windows.registry_ref().has_live();
         let limit = if capture.is_some() {
             usize::MAX
         } else {
             self.config().p2p_kernel_max_bytes
         };
         let split = p2p_kernel::split_large(&pops, &bufs, p.rank, limit);
-        let kernel = match &p.net {
-            None if me.kernels.has_p2p() && call.state.windows.p2p().len() == p.nranks => {
-                p2p_kernel::plan(&split.kernel, &split.kernel_bufs, &exec::p2p::kernel_env(&call))?
-            }
-            _ => None,
+        let kernel = if on_kernel {
+            let direct = if posted {
+                exec::p2p::receive_targets(&mut call, &split.kernel, &split.kernel_bufs)
+            } else {
+                PerOp::new()
+            };
+            let env = p2p_kernel::KernelEnv {
+                direct: &direct,
+                ..exec::p2p::kernel_env(&call)
+            };
+            p2p_kernel::plan(&split.kernel, &split.kernel_bufs, &env)?
+        } else {
+            None
         };
         if let Some(capture) = &capture {
             if kernel.is_none() {

@@ -12,8 +12,14 @@ impl Communicator {
     ///
     /// The buffer's whole allocation is mapped into every peer process once (CUDA IPC), so a
     /// later call whose input lies anywhere inside it is zero-copy. What gives zero-copy today:
-    /// the input of a one-shot all-reduce among processes, fp8 averages excepted (other
-    /// collectives, and outputs, are staged through the scratch as before). The ranks need not agree on which inputs are
+    /// the input of a one-shot all-reduce among processes, fp8 averages excepted
+    /// ([`Config::zero_copy_reads`](crate::Config::zero_copy_reads)), and a point-to-point
+    /// receive of more than 64 KiB on the point-to-point kernel (at most
+    /// [`Config::p2p_kernel_max_bytes`](crate::Config::p2p_kernel_max_bytes) eager), which
+    /// the sender writes directly (other collectives, and the other outputs, are staged
+    /// through the scratch as before). While any buffer is registered, such point-to-point
+    /// transfers start with the receiver telling the sender where to write (one one-way trip,
+    /// also for an unregistered receive buffer). The ranks need not agree on which buffers are
     /// registered. Memory CUDA IPC cannot export (stream-ordered pools, VMM allocations) stays
     /// unregistered, with a logged reason: the calls work, staged ([`Registered::zero_copy`]).
     /// A freed and re-allocated range is noticed (the allocation's buffer id) and staged. In a

@@ -12,7 +12,9 @@ use crate::{Arg, Error, Result};
 
 /// A buffer registered with a communicator ([`Communicator::register`]): while it lives, the
 /// one-shot all-reduce among processes reads an input inside the buffer's allocation in place
-/// in every peer, with no staging copy. Dropping it (or [`Registered::deregister`]) undoes
+/// in every peer (where [`crate::Config::zero_copy_reads`] is on), and a point-to-point
+/// receive of more than 64 KiB into it on the point-to-point kernel is written by the sender
+/// directly, with no staging copy. Dropping it (or [`Registered::deregister`]) undoes
 /// the registration; like the registration, that is collective: every rank drops its
 /// registrations in the same order, between the same calls.
 #[derive(Debug)]
@@ -31,8 +33,10 @@ impl<'c> Registered<'c> {
 }
 
 impl Registered<'_> {
-    /// Whether calls on this rank's buffer are zero-copy: it lies in a communicator of
-    /// processes and every peer mapped its allocation. A registration the driver refused (for
+    /// Whether one-shot all-reduces read this rank's buffer in place: it lies in a
+    /// communicator of processes, every peer mapped its allocation, and
+    /// [`crate::Config::zero_copy_reads`] is on (the point-to-point receives into it are
+    /// zero-copy whatever that switch says). A registration the driver refused (for
     /// example memory of a stream-ordered pool or a VMM allocation, which CUDA IPC cannot
     /// export) is kept, and its calls are staged.
     pub fn zero_copy(&self) -> bool {

@@ -17,6 +17,8 @@ static STAGED_INPUTS: AtomicU64 = AtomicU64::new(0);
 static ZERO_COPY_INPUTS: AtomicU64 = AtomicU64::new(0);
 static POINTER_QUERIES: AtomicU64 = AtomicU64::new(0);
 static IPC_OPENS: AtomicU64 = AtomicU64::new(0);
+static ZERO_COPY_RECEIVES: AtomicU64 = AtomicU64::new(0);
+static STAGED_RECEIVES: AtomicU64 = AtomicU64::new(0);
 
 /// What was counted since the process started (or between two snapshots: [`Counters::since`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,6 +33,12 @@ pub struct Counters {
     pub pointer_queries: u64,
     /// `cuIpcOpenMemHandle` calls made for registered buffers.
     pub ipc_opens: u64,
+    /// Posted point-to-point receive buffers (in a communicator with registrations, more than
+    /// `gpu_kernels::p2p::LL_MAX_BYTES`) inside a registered allocation: the sender writes
+    /// them directly.
+    pub zero_copy_receives: u64,
+    /// Posted point-to-point receive buffers outside any usable registration: staged.
+    pub staged_receives: u64,
 }
 
 impl Counters {
@@ -41,6 +49,8 @@ impl Counters {
             zero_copy_inputs: self.zero_copy_inputs.wrapping_sub(before.zero_copy_inputs),
             pointer_queries: self.pointer_queries.wrapping_sub(before.pointer_queries),
             ipc_opens: self.ipc_opens.wrapping_sub(before.ipc_opens),
+            zero_copy_receives: self.zero_copy_receives.wrapping_sub(before.zero_copy_receives),
+            staged_receives: self.staged_receives.wrapping_sub(before.staged_receives),
         }
     }
 }
@@ -52,6 +62,8 @@ pub fn snapshot() -> Counters {
         zero_copy_inputs: ZERO_COPY_INPUTS.load(Relaxed),
         pointer_queries: POINTER_QUERIES.load(Relaxed),
         ipc_opens: IPC_OPENS.load(Relaxed),
+        zero_copy_receives: ZERO_COPY_RECEIVES.load(Relaxed),
+        staged_receives: STAGED_RECEIVES.load(Relaxed),
     }
 }
 
@@ -69,4 +81,12 @@ pub(crate) fn pointer_query() {
 
 pub(crate) fn ipc_open() {
     IPC_OPENS.fetch_add(1, Relaxed);
+}
+
+pub(crate) fn zero_copy_receive() {
+    ZERO_COPY_RECEIVES.fetch_add(1, Relaxed);
+}
+
+pub(crate) fn staged_receive() {
+    STAGED_RECEIVES.fetch_add(1, Relaxed);
 }

@@ -110,7 +110,50 @@ pub(crate) fn kernel_env<'a>(call: &'a ProcessCall<'_>) -> crate::plan::p2p_kern
         ctl: call.health.ctl(),
         timeout_ns: call.health.timeout_ns(),
         slot: 0,
+        // Registrations are collective: every rank has the same ones, and so posts alike.
+        posted: w.registry_ref().has_live(),
+        direct: &[],
     }
+}
+
+/// Per operation of this rank's group `ops` (buffer `bufs[i]` for `ops[i]`), for a receive
+/// from a peer of more than [`LL_MAX_BYTES`](gpu_kernels::p2p::LL_MAX_BYTES): its buffer as
+/// that peer's process maps it, where it lies inside a registered allocation every peer
+/// mapped and still the one registered ([`crate::transport::registry::Registry::publish_for`]:
+/// no driver call unless it hits a registered range); else 0 (the bytes go through the slots).
+/// The kernel's [`KernelEnv::direct`](crate::plan::p2p_kernel::KernelEnv::direct).
+pub(crate) fn receive_targets(
+    call: &mut ProcessCall<'_>,
+    ops: &[crate::plan::p2p::P2pOp],
+    bufs: &[u64],
+) -> crate::per_rank::PerOp<u64> {
+    use crate::driver::zc_counters;
+    use crate::transport::registry::Input;
+    let (r, n) = (call.state.rank, call.state.sent.len());
+    let ctx = call.state.windows.context().clone();
+    let registry = call.state.windows.registry();
+    ops.iter()
+        .zip(bufs)
+        .map(|(o, &buf)| {
+            if o.dir != crate::plan::p2p::Dir::Recv || o.peer == r || gpu_kernels::p2p::is_ll(o.bytes) {
+                return 0;
+            }
+            let found = registry.publish_for(buf, o.bytes as u64, r, n, |base| {
+                ctx.bind_to_thread().ok()?;
+                crate::driver::registered::buffer_id(base)
+            });
+            match found {
+                Input::ZeroCopy(at) => {
+                    zc_counters::zero_copy_receive();
+                    at.get(o.peer).copied().unwrap_or(0)
+                }
+                Input::Staged => {
+                    zc_counters::staged_receive();
+                    0
+                }
+            }
+        })
+        .collect()
 }
 
 /// Enqueues this rank's part of collective `c` (of `dtype`, on the buffers `mine`, validated

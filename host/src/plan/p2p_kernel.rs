@@ -13,8 +13,8 @@
 //! kernel: [`split_large`].
 
 use gpu_kernels::p2p::{
-    channel_offset, channels, kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA, MAX_PIECES,
-    MAX_RANKS,
+    channel_offset, channels, is_ll, kind, word, P2pArgs, P2pOpDesc, P2pPiece, CONSUMED, DATA,
+    MAX_PIECES, MAX_RANKS,
 };
 
 use super::p2p::{Dir, P2pOp};
@@ -30,7 +30,7 @@ pub const COPY_BYTES_PER_BLOCK: usize = 64 << 10;
 /// ```
 /// use ringccl::internals::plan::p2p_kernel::KernelEnv;
 /// let cap = gpu_kernels::p2p::channel_cap(66, 2); // 132 SMs shared by 2 processes
-/// let env = KernelEnv { rank: 1, bufs: &[1 << 40, 2 << 40], cap, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// let env = KernelEnv { rank: 1, bufs: &[1 << 40, 2 << 40], cap, ctl: 0x100, timeout_ns: 0, slot: 0, posted: false, direct: &[] };
 /// assert_eq!(env.cap, 16);
 /// ```
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +47,15 @@ pub struct KernelEnv<'a> {
     pub timeout_ns: u64,
     /// The waits' status slot.
     pub slot: u32,
+    /// Whether this group's transfers of more than
+    /// [`LL_MAX_BYTES`](gpu_kernels::p2p::LL_MAX_BYTES) are posted
+    /// ([`kind::POSTED`](gpu_kernels::p2p::kind::POSTED): the receiver tells the sender where
+    /// to write): the same on every rank (the communicator has registered buffers).
+    pub posted: bool,
+    /// Per operation of the group, for a posted receive: its buffer as mapped in the sending
+    /// peer's process (registered), 0 or absent where the peer cannot reach it (the bytes go
+    /// through the slots). Used where the receives from that peer are one buffer.
+    pub direct: &'a [u64],
 }
 
 /// A group on the kernel: its parameter, and the local copies (source, destination, bytes)
@@ -56,7 +65,7 @@ pub struct KernelEnv<'a> {
 /// ```
 /// use ringccl::internals::plan::p2p::{Dir, P2pOp};
 /// use ringccl::internals::plan::p2p_kernel::{plan, KernelEnv};
-/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0, posted: false, direct: &[] };
 /// // To itself: 8 bytes from 0x1000 received into two buffers of 4.
 /// let ops = [
 ///     P2pOp { dir: Dir::Send, peer: 0, bytes: 8 },
@@ -88,7 +97,7 @@ pub struct KernelPlan {
 /// ```
 /// use ringccl::internals::plan::p2p::{Dir, P2pOp};
 /// use ringccl::internals::plan::p2p_kernel::{plan, KernelEnv};
-/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0 };
+/// let env = KernelEnv { rank: 0, bufs: &[1 << 40, 2 << 40], cap: 16, ctl: 0x100, timeout_ns: 0, slot: 0, posted: false, direct: &[] };
 /// let ops = [
 ///     P2pOp { dir: Dir::Send, peer: 1, bytes: 100 },
 ///     P2pOp { dir: Dir::Recv, peer: 1, bytes: 100 },
@@ -218,11 +227,27 @@ pub fn plan(ops: &[P2pOp], addrs: &[u64], env: &KernelEnv<'_>) -> Result<Option<
             } else {
                 (off(env.bufs[me], channel_offset(q, 0)), off(env.bufs[q], 8 * word(CONSUMED, me, 0)))
             };
+            let posted = env.posted && !is_ll(bytes);
+            // A posted receive into one buffer the sender has mapped goes there directly.
+            let user = if posted && k == kind::RECV {
+                let mut mine = ops
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| o.peer == q && o.dir == Dir::Recv && o.bytes > 0)
+                    .map(|(i, _)| i);
+                match (mine.next(), mine.next()) {
+                    (Some(i), None) => env.direct.get(i).copied().unwrap_or(0),
+                    _ => 0,
+                }
+            } else {
+                0
+            };
             let d = P2pOpDesc {
-                kind: k,
+                kind: if posted { k | kind::POSTED } else { k },
                 peer: as_u32(q),
                 channels: as_u32(channels(bytes, env.cap)),
                 bytes: bytes as u64,
+                user,
                 slots,
                 remote,
                 ..P2pOpDesc::default()

@@ -624,6 +624,11 @@ impl Windows {
         &mut self.registry
     }
 
+    /// The registered buffers, to read.
+    pub fn registry_ref(&self) -> &crate::transport::registry::Registry {
+        &self.registry
+    }
+
     /// This rank's device context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx

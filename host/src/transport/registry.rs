@@ -72,6 +72,8 @@ pub struct Registry {
     kept: Vec<Mapped>,
     /// The next registration's id.
     next_id: u64,
+    /// The ids registered and not deregistered (the same on every rank, exported or not).
+    live: Vec<u64>,
 }
 
 impl Registry {
@@ -87,6 +89,7 @@ impl Registry {
     pub fn insert(&mut self, own: Option<OwnRegistration>, mapped: Vec<Mapped>) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
+        self.live.push(id);
         if let Some(mut own) = own {
             own.id = id;
             self.own.insert((own.base, id), own);
@@ -101,6 +104,7 @@ impl Registry {
     /// until the registry is dropped when `keep` (a CUDA graph may replay a call on them).
     /// Whether `id` was known.
     pub fn remove(&mut self, id: u64, keep: bool) -> bool {
+        self.live.retain(|&i| i != id);
         let before = self.own.len();
         self.own.retain(|&(_, i), _| i != id);
         let mut found = self.own.len() != before;
@@ -117,6 +121,14 @@ impl Registry {
     /// This rank's registrations (for diagnostics and tests).
     pub fn own(&self) -> impl Iterator<Item = &OwnRegistration> {
         self.own.values()
+    }
+
+    /// Whether any registration is live (made and not undone), on any rank: registrations are
+    /// collective, so every rank answers alike between the same calls, whether or not its own
+    /// buffer could be exported. Point-to-point transfers are then posted
+    /// (`gpu_kernels::p2p::kind::POSTED`).
+    pub fn has_live(&self) -> bool {
+        !self.live.is_empty()
     }
 
     /// Whether nothing of this rank is registered (the per-call lookup is then free).
@@ -350,9 +362,12 @@ mod tests {
         assert_eq!(r.insert(None, Vec::new()), 0);
         assert_eq!(r.insert(Some(reg(0x100, 8, 1, None)), Vec::new()), 1);
         assert_eq!(r.next_id(), 2);
+        assert!(r.has_live());
         assert!(r.remove(1, false));
         assert!(r.is_empty());
+        assert!(r.has_live(), "registration 0 is live though this rank could not export it");
         assert!(r.remove(0, false), "an unmapped registration is known too");
+        assert!(!r.has_live());
         assert!(!r.remove(9, false));
     }
 

@@ -5,9 +5,8 @@
 
 use super::*;
 use gpu_kernels::p2p::{
-    buffer_bytes, channel_cap, channel_chunks, is_ll, ll_channel_offset, HEADER_BYTES, LL_CHUNK_BYTES, LL_MAX_BYTES,
-    LL_SLOT_BYTES, RECVD,
-    SENT, SLOTS, SLOT_BYTES,
+    buffer_bytes, channel_cap, channel_chunks, direct_share, ll_channel_offset, HEADER_BYTES, LL_CHUNK_BYTES,
+    LL_MAX_BYTES, LL_SLOT_BYTES, POST_ADDR, POST_TAG, RECVD, ROLE_WORDS, SENT, SLOTS, SLOT_BYTES,
 };
 use std::collections::HashMap;
 
@@ -49,6 +48,17 @@ impl Mem {
     }
 }
 
+/// Where a block of a posted transfer is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not posted, or the post not yet made (a receive) or read (a send).
+    Start,
+    /// A receive that posted its buffer, waiting for the sender's `DATA`.
+    Posted,
+    /// The chunks go through the slots.
+    Slots,
+}
+
 /// One block of a launched group.
 struct Block {
     op: P2pOpDesc,
@@ -57,6 +67,7 @@ struct Block {
     base: u64,
     j: usize,
     n: usize,
+    phase: Phase,
 }
 
 struct Rank {
@@ -76,15 +87,15 @@ fn start(mem: &mut Mem, r: &mut Rank) {
     let args = &p.args;
     for o in &args.ops[..args.nops as usize] {
         for c in 0..o.channels as usize {
-            let (base, n) = match o.kind {
+            let (base, n) = match o.kind & kind::MASK {
                 kind::SEND | kind::RECV => {
-                    let role = if o.kind == kind::SEND { SENT } else { RECVD };
+                    let role = if o.kind & kind::MASK == kind::SEND { SENT } else { RECVD };
                     let base = mem.read(r.header + 8 * word(role, o.peer as usize, c) as u64);
                     (base, channel_chunks(o.bytes as usize, o.channels as usize, c))
                 }
                 _ => (0, usize::from(c == 0)),
             };
-            r.blocks.push(Block { op: *o, pieces: args.pieces[o.first_piece as usize..][..o.npieces as usize].to_vec(), c, base, j: 0, n });
+            r.blocks.push(Block { op: *o, pieces: args.pieces[o.first_piece as usize..][..o.npieces as usize].to_vec(), c, base, j: 0, n, phase: Phase::Start });
         }
     }
 }
@@ -100,10 +111,13 @@ fn step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
         b.j = 1;
         return true;
     }
-    let send = o.kind == kind::SEND;
+    let send = o.kind & kind::MASK == kind::SEND;
     let (peer, c) = (o.peer as usize, b.c);
     let k = b.base + b.j as u64;
     let ll = is_ll(o.bytes as usize);
+    if o.kind & kind::POSTED != 0 && !ll && b.phase != Phase::Slots {
+        return posted_step(mem, header, b);
+    }
     let (chunk, slot_bytes, first_slot) = if ll {
         (LL_CHUNK_BYTES, LL_SLOT_BYTES, ll_channel_offset(0, c))
     } else {
@@ -158,6 +172,58 @@ fn step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
     true
 }
 
+/// One step of a posted transfer's block (as the kernel's `posted_send` and `posted_recv`).
+fn posted_step(mem: &mut Mem, header: u64, b: &mut Block) -> bool {
+    let o = b.op;
+    let (peer, c) = (o.peer as usize, b.c);
+    let done = b.base + b.n as u64;
+    let send = o.kind & kind::MASK == kind::SEND;
+    match (send, b.phase) {
+        (true, _) => {
+            let tag = mem.read(header + 8 * word(POST_TAG, peer, c) as u64);
+            if tag < b.base + 1 {
+                return false;
+            }
+            assert_eq!(tag, b.base + 1, "the post of this group, not of another");
+            let dst = mem.read(header + 8 * word(POST_ADDR, peer, c) as u64);
+            if dst == 0 {
+                b.phase = Phase::Slots;
+                return true;
+            }
+            let (lo, hi) = direct_share(o.bytes as usize, o.channels as usize, c);
+            let (lo, hi) = (lo as u64, hi as u64);
+            let mut off = 0u64;
+            for pc in &b.pieces {
+                let (a, z) = (lo.max(off), hi.min(off + pc.bytes));
+                if a < z {
+                    mem.copy(pc.user + (a - off), dst + a, (z - a) as usize);
+                }
+                off += pc.bytes;
+            }
+            mem.write(o.remote + 8 * c as u64, done);
+            mem.write(header + 8 * word(SENT, peer, c) as u64, done);
+            b.j = b.n;
+            true
+        }
+        (false, Phase::Start) => {
+            let post = o.remote + 8 * c as u64;
+            mem.write(post + (8 * (POST_ADDR - CONSUMED) * ROLE_WORDS) as u64, o.user);
+            mem.write(post + (8 * (POST_TAG - CONSUMED) * ROLE_WORDS) as u64, b.base + 1);
+            b.phase = if o.user != 0 { Phase::Posted } else { Phase::Slots };
+            true
+        }
+        (false, _) => {
+            if mem.read(header + 8 * word(DATA, peer, c) as u64) < done {
+                return false;
+            }
+            mem.write(o.remote + 8 * c as u64, done);
+            mem.write(header + 8 * word(RECVD, peer, c) as u64, done);
+            b.j = b.n;
+            true
+        }
+    }
+}
+
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> u64 {
@@ -179,8 +245,14 @@ fn run(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize) {
 }
 
 /// Runs the groups with every stream cut into up to `split` buffers on each side.
-#[allow(clippy::needless_range_loop)]
 fn run_split(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize, split: usize) {
+    run_with(n, groups, seed, cap, split, false)
+}
+
+/// As [`run_split`]; with `posted`, the transfers above `LL_MAX_BYTES` are posted, and about
+/// half the receive buffers are offered to the sender (zero-copy), the rest staged.
+#[allow(clippy::needless_range_loop)]
+fn run_with(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize, split: usize, posted: bool) {
     let mut mem = Mem::default();
     let mut rng = Lcg(seed);
     let bufs: Vec<u64> = (0..n).map(|q| (q as u64 + 1) << 40).collect();
@@ -251,7 +323,14 @@ fn run_split(n: usize, groups: &[Vec<Vec<usize>>], seed: u64, cap: usize, split:
             }
             let ops: Vec<P2pOp> = placed.iter().map(|&i| ops[i]).collect();
             let addrs: Vec<u64> = placed.iter().map(|&i| addrs[i]).collect();
-            let env = KernelEnv { rank: me, bufs: &bufs, cap, ctl: 8, timeout_ns: 0, slot: 0 };
+            // The simulated memory is one address space: a receive buffer "as the sender maps
+            // it" is its own address.
+            let direct: Vec<u64> = ops
+                .iter()
+                .zip(&addrs)
+                .map(|(o, &a)| if posted && o.dir == Dir::Recv && rng.next().is_multiple_of(2) { a } else { 0 })
+                .collect();
+            let env = KernelEnv { rank: me, bufs: &bufs, cap, ctl: 8, timeout_ns: 0, slot: 0, posted, direct: &direct };
             let p = plan(&ops, &addrs, &env).unwrap().expect("fits the kernel");
             assert!(p.args.blocks() as usize <= (2 * n - 1) * cap.max(1));
             rank.groups.push(p);
@@ -352,9 +431,69 @@ fn streams_over_several_buffers_on_either_side() {
 }
 
 #[test]
+fn posted_transfers_zero_copy_or_through_the_slots_deliver_every_byte() {
+    // Every size around the LL limit and the channels' shares, both directions, staged and
+    // posted groups of one pair following each other on the same channels.
+    let sizes = [
+        1, LL_MAX_BYTES, LL_MAX_BYTES + 1, 3 * SLOT_BYTES + 5, 16 * SLOT_BYTES, 40 * SLOT_BYTES + 3, 2 << 20,
+    ];
+    let groups: Vec<Vec<Vec<usize>>> = sizes
+        .iter()
+        .zip(sizes.iter().rev())
+        .map(|(&a, &b)| vec![vec![0, a], vec![b, 0]])
+        .collect();
+    for (seed, cap) in [(1, 16), (2, 1), (3, 3), (4, 5)] {
+        run_with(2, &groups, seed, cap, 1, true);
+    }
+    // Four ranks, any sizes, some streams over several buffers (those are staged).
+    let mut rng = Lcg(5);
+    let groups: Vec<Vec<Vec<usize>>> = (0..10)
+        .map(|_| {
+            (0..4)
+                .map(|_| {
+                    (0..4)
+                        .map(|_| match rng.next() % 3 {
+                            0 => (rng.next() % 64) as usize,
+                            1 => LL_MAX_BYTES + (rng.next() % (5 * SLOT_BYTES as u64)) as usize,
+                            _ => SLOT_BYTES * (1 + (rng.next() % 9) as usize),
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    for seed in 0..4 {
+        run_with(4, &groups, seed, channel_cap(33, 4), 1 + seed as usize % 2, true);
+    }
+}
+
+#[test]
+fn a_posted_receive_offers_its_buffer_only_where_it_is_one_buffer() {
+    let bufs = [1u64 << 40, 2 << 40];
+    let big = LL_MAX_BYTES + 1;
+    let r = |bytes| P2pOp { dir: Dir::Recv, peer: 1, bytes };
+    let s = |bytes| P2pOp { dir: Dir::Send, peer: 1, bytes };
+    let direct = [0x5000, 0x7000, 0x9000];
+    let env = KernelEnv { rank: 0, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 0, slot: 0, posted: true, direct: &direct };
+    let a = plan(&[s(big), r(big)], &[0x1000, 0x2000], &env).unwrap().unwrap().args;
+    assert_eq!(a.ops[0].kind, kind::SEND | kind::POSTED);
+    assert_eq!((a.ops[1].kind, a.ops[1].user), (kind::RECV | kind::POSTED, 0x7000));
+    // Two receive buffers from one peer: through the slots (0 posted).
+    let a = plan(&[r(big), s(8), r(8)], &[0x1000, 0x2000, 0x3000], &env).unwrap().unwrap().args;
+    let recv = a.ops[..a.nops as usize].iter().find(|o| o.kind & kind::MASK == kind::RECV).unwrap();
+    assert_eq!((recv.kind, recv.user), (kind::RECV | kind::POSTED, 0));
+    // LL-sized transfers are never posted; neither is anything when the communicator says so.
+    let a = plan(&[s(LL_MAX_BYTES), r(LL_MAX_BYTES)], &[0x1000, 0x2000], &env).unwrap().unwrap().args;
+    assert_eq!((a.ops[0].kind, a.ops[1].kind, a.ops[1].user), (kind::SEND, kind::RECV, 0));
+    let off = KernelEnv { posted: false, ..env };
+    let a = plan(&[s(big), r(big)], &[0x1000, 0x2000], &off).unwrap().unwrap().args;
+    assert_eq!((a.ops[0].kind, a.ops[1].kind, a.ops[1].user), (kind::SEND, kind::RECV, 0));
+}
+
+#[test]
 fn the_choice_depends_on_the_communicator_alone() {
     let bufs = [1u64 << 40, 2 << 40, 3 << 40];
-    let env = KernelEnv { rank: 0, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 0, slot: 0 };
+    let env = KernelEnv { rank: 0, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 0, slot: 0, posted: false, direct: &[] };
     let s = |peer, bytes| P2pOp { dir: Dir::Send, peer, bytes };
     let r = |peer, bytes| P2pOp { dir: Dir::Recv, peer, bytes };
     // Several buffers per stream, and to itself: on the kernel (the self-copies before it).
@@ -386,7 +525,7 @@ fn the_choice_depends_on_the_communicator_alone() {
 #[test]
 fn the_plan_points_at_the_peers_buffers() {
     let bufs = [1u64 << 40, 2 << 40];
-    let env = KernelEnv { rank: 1, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 5, slot: 0 };
+    let env = KernelEnv { rank: 1, bufs: &bufs, cap: 16, ctl: 8, timeout_ns: 5, slot: 0, posted: false, direct: &[] };
     let ops = [P2pOp { dir: Dir::Send, peer: 0, bytes: 3 * SLOT_BYTES }, P2pOp { dir: Dir::Recv, peer: 0, bytes: 10 }];
     let a = plan(&ops, &[0x10, 0x20], &env).unwrap().unwrap().args;
     assert_eq!(a.header, bufs[1]);
