@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::super::ucp::{EpId, ReqId, Started, Worker};
@@ -26,8 +26,10 @@ const POSTED_RECVS: usize = 8;
 pub(super) struct Shared {
     pub(super) stop: AtomicBool,
     pub(super) failed: AtomicBool,
-    /// Set by the lane that released the flag words (they are released once).
-    released: AtomicBool,
+    /// Initialised by whoever releases the flag words (they are released once); a second caller
+    /// waits until the first has raised every word, so that no caller returns an error while a
+    /// stream may still wait.
+    released: OnceLock<()>,
     error: Mutex<Option<Error>>,
     /// Per peer: what the lanes have published of its counter, and the signals complete above
     /// it.
@@ -64,16 +66,15 @@ impl Shared {
     }
 
     /// Raises every flag and credit word of `mem` by [`RELEASE`], once, so that every wait of
-    /// the stream ends.
+    /// the stream ends. Returns once the words are raised, whichever thread raised them.
     pub(super) fn release(&self, mem: &NetMem) {
-        if self.released.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        for q in 0..mem.nranks() {
-            for w in [mem.flag(q), mem.credit(q)].into_iter().flatten() {
-                w.fetch_add(RELEASE, Ordering::AcqRel);
+        self.released.get_or_init(|| {
+            for q in 0..mem.nranks() {
+                for w in [mem.flag(q), mem.credit(q)].into_iter().flatten() {
+                    w.fetch_add(RELEASE, Ordering::AcqRel);
+                }
             }
-        }
+        });
     }
 
     pub(super) fn fail(&self, e: Error) {
