@@ -607,3 +607,34 @@ impl Run {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two threads fail the proxy at once: whichever returns second from `release` finds every
+    /// word raised, not only the first thread's claim to raise them.
+    #[test]
+    fn a_second_release_returns_after_every_word_is_raised() {
+        let nranks = 1 << 14;
+        for round in 0..20 {
+            let mem = NetMem::new(nranks, 8).expect("memory");
+            let shared = Shared::new(nranks, false);
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        start.wait();
+                        shared.release(&mem);
+                        for q in 0..nranks {
+                            for w in [mem.flag(q), mem.credit(q)] {
+                                let v = w.expect("a word").load(Ordering::Acquire);
+                                assert_eq!(v, RELEASE, "round {round}: rank {q}'s word at {v}");
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    }
+}
