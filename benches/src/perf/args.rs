@@ -104,7 +104,9 @@ pub struct Options {
     #[arg(long = "untracked")]
     pub untracked: bool,
     /// Register ringccl's buffers with the communicator (Communicator::register, as
-    /// ncclCommRegister) before a sweep: zero-copy where RINGCCL_ZERO_COPY_READS=1 allows
+    /// ncclCommRegister) before a sweep, allocated with cuMemAlloc (which CUDA IPC can
+    /// export, unlike cudarc's stream-ordered pool): point-to-point receives zero-copy,
+    /// one-shot reads in place where RINGCCL_ZERO_COPY_READS=1 allows
     #[arg(long = "register")]
     pub register: bool,
     /// Root rank of broadcast and reduce

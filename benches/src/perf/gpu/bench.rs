@@ -49,6 +49,55 @@ pub(super) struct Bufs<T> {
     pub(super) b: Vec<CudaSlice<T>>,
     pub(super) a_ptr: Vec<u64>,
     pub(super) b_ptr: Vec<u64>,
+    /// Whether the buffers are plain `cuMemAlloc` memory ([`alloc_plain`]), freed by
+    /// [`free_plain`] on drop instead of by cudarc.
+    pub(super) plain: bool,
+}
+
+impl<T> Drop for Bufs<T> {
+    fn drop(&mut self) {
+        if self.plain {
+            for s in self.a.drain(..).chain(self.b.drain(..)) {
+                free_plain(s);
+            }
+        }
+    }
+}
+
+/// `len` zeroed elements of plain `cuMemAlloc` memory on `s`'s device, as cudarc's slice:
+/// what `--register` allocates, because cudarc's own `alloc_zeros` takes memory from the
+/// stream-ordered pool (`cuMemAllocAsync`), which CUDA IPC cannot export, so ringccl keeps a
+/// registration of it but stages its calls (the peers cannot map it).
+fn alloc_plain<T: PerfElem>(s: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>, String> {
+    use cudarc::driver::result;
+    drv("cuCtxSetCurrent", s.context().bind_to_thread())?;
+    let bytes = len.saturating_mul(std::mem::size_of::<T>()).max(1);
+    // SAFETY: `s`'s context is current on this thread (bound above).
+    let ptr = drv("cuMemAlloc", unsafe { result::malloc_sync(bytes) })?;
+    // SAFETY: `ptr` is a live allocation of `bytes` bytes, used by nothing yet.
+    if let Err(e) = unsafe { result::memset_d8_sync(ptr, 0, bytes) } {
+        // SAFETY: `ptr` came from `cuMemAlloc` above and is freed once, here.
+        let _ = unsafe { result::free_sync(ptr) };
+        return Err(format!("cuMemsetD8 failed with {:?}", e.0));
+    }
+    // SAFETY: `ptr` holds `len` elements of `T`, zeroed (zero bytes are a valid value of every
+    // `PerfElem`: plain numbers); the slice is freed by `free_plain`, never by cudarc.
+    Ok(unsafe { s.upgrade_device_ptr::<T>(ptr, len) })
+}
+
+/// Frees a slice of [`alloc_plain`]: after its stream's work, with `cuMemFree` (cudarc's drop
+/// would free it as pool memory).
+fn free_plain<T>(s: CudaSlice<T>) {
+    let stream = s.stream().clone();
+    if stream.synchronize().is_err() {
+        // The context is broken; leaking the memory is all that is safe.
+        let _ = s.leak();
+        return;
+    }
+    let ptr = s.leak();
+    // SAFETY: `ptr` came from `cuMemAlloc` (`alloc_plain`), nothing uses it after the stream's
+    // work (synchronized above), and it is freed once, here.
+    let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
 }
 
 /// What a measurement checks against.
@@ -172,15 +221,32 @@ impl Bench<'_> {
                 b: Vec::new(),
                 a_ptr: Vec::new(),
                 b_ptr: Vec::new(),
+                plain: self.opts.register && self.ringccl,
             };
             for &r in &self.local {
                 let s = self.comm.stream(r);
-                let a = drv("cuMemAlloc (send buffer)", s.alloc_zeros::<T>(a_len))?;
-                let b = drv("cuMemAlloc (receive buffer)", s.alloc_zeros::<T>(b_len))?;
-                bufs.a_ptr.push(DeviceSlice::<T>::raw(&a).ptr);
-                bufs.b_ptr.push(DeviceSlice::<T>::raw(&b).ptr);
-                bufs.a.push(a);
-                bufs.b.push(b);
+                // Each slice is in `bufs` as soon as it exists, so that an error after it
+                // frees it the way it was allocated (`Bufs`'s drop).
+                for (len, what, into) in [
+                    (a_len, "send", &mut bufs.a),
+                    (b_len, "receive", &mut bufs.b),
+                ] {
+                    let slice = if self.opts.register && self.ringccl {
+                        alloc_plain::<T>(s, len)?
+                    } else {
+                        drv(
+                            &format!("cuMemAlloc ({what} buffer)"),
+                            s.alloc_zeros::<T>(len),
+                        )?
+                    };
+                    into.push(slice);
+                }
+                let (a, b) = (bufs.a.last(), bufs.b.last());
+                let (Some(a), Some(b)) = (a, b) else {
+                    return Err("no buffer allocated".into());
+                };
+                bufs.a_ptr.push(DeviceSlice::<T>::raw(a).ptr);
+                bufs.b_ptr.push(DeviceSlice::<T>::raw(b).ptr);
             }
             self.sync()?;
             Ok(bufs)
