@@ -303,18 +303,20 @@ pub const fn channel_chunks(bytes: usize, channels: usize, c: usize) -> usize {
 }
 
 /// Most channels per transfer for a grid of at most `blocks` blocks per rank and `nranks`
-/// ranks (every rank's operations use at most `2 * nranks - 1` transfers' channels): the same
-/// on every rank when `blocks` is (the host passes the fewest SMs of any rank's GPU divided by
-/// the most ranks sharing one GPU, as for the two-shot kernel).
+/// ranks (every rank's operations are at most `2 * nranks - 1` transfers, a send and a
+/// receive per peer and one local copy, each on at most this many blocks): the same on every
+/// rank when `blocks` is (the host passes the fewest SMs of any rank's GPU divided by the most
+/// ranks sharing one GPU, as for the two-shot kernel).
 ///
 /// ```
 /// use gpu_kernels::p2p::channel_cap;
-/// assert_eq!(channel_cap(66, 2), 16);
+/// assert_eq!(channel_cap(66, 2), 16); // 22, at most CHANNELS
+/// assert_eq!(channel_cap(33, 2), 11); // 132 SMs, two processes, room for two communicators
 /// assert_eq!(channel_cap(33, 4), 4);
 /// assert_eq!(channel_cap(1, 8), 1);
 /// ```
 pub const fn channel_cap(blocks: usize, nranks: usize) -> usize {
-    let per = blocks / (2 * if nranks == 0 { 1 } else { nranks });
+    let per = blocks / (2 * if nranks == 0 { 1 } else { nranks } - 1);
     if per == 0 {
         1
     } else if per > CHANNELS {

@@ -16,6 +16,7 @@
 //! | `RINGCCL_ONESHOT_MAX_BYTES_GRAPH` | [`oneshot_max_bytes_graph`](Config::oneshot_max_bytes_graph) | 32768 | the same for a call captured into a CUDA graph (the smaller of the two applies) |
 //! | `RINGCCL_LL_MAX_BYTES` | [`ll_max_bytes`](Config::ll_max_bytes) | 32768 | in a job of 2 to 8 processes, largest all-reduce, all-gather, reduce-scatter, broadcast and reduce (bytes per rank; the output's for reduce-scatter) that runs on the LL push kernels (one exchange per call) instead of one-shot or two-shot; at most 32768 (its receive area), `0`: never |
 //! | `RINGCCL_P2P_KERNEL_MAX_BYTES` | [`p2p_kernel_max_bytes`](Config::p2p_kernel_max_bytes) | 1048576 | in a job of processes of one machine, largest transfer (the bytes of one peer and direction in a point-to-point group) that runs on the point-to-point kernel; larger ones go through the copy engines and the scratch, except under CUDA-graph capture (the same on every rank) |
+//! | `RINGCCL_P2P_KERNEL_MAX_BYTES_REGISTERED` | [`p2p_kernel_max_bytes_registered`](Config::p2p_kernel_max_bytes_registered) | 2097152 | the same while the communicator has registered buffers (its transfers then posted: a receive into a registered buffer written by the sender directly) |
 //! | `RINGCCL_LL_ALL_GATHER` | [`ll_all_gather`](Config::ll_all_gather) | `1` | in a job of 2 to 8 processes of one machine, all-gathers of at most `RINGCCL_LL_MAX_BYTES` per rank run on the LL all-gather kernel (one exchange per call); `0`: on the two-shot kernel's barriers instead |
 //! | `RINGCCL_ZERO_COPY_READS` | [`zero_copy_reads`](Config::zero_copy_reads) | `0` | `1`: in a job of processes, a one-shot all-reduce whose input lies in a registered buffer lets the peers read it in place instead of staging it through the scratch (off by default: see the field) |
 //! | `RINGCCL_CHUNK_BYTES` | [`chunk_bytes`](Config::chunk_bytes) | by size and ranks | most bytes one ring step moves |
@@ -55,6 +56,13 @@ pub const DEFAULT_LL_MAX_BYTES: usize = gpu_kernels::ll::LL_MAX_BYTES;
 /// against 31.3 µs through the copy engines, and 37.1 µs at 2 MiB against 30.4 (16 MiB: 225
 /// against 63.5): the copy engines from above 1 MiB (`docs/PERFORMANCE.md`).
 pub const DEFAULT_P2P_KERNEL_MAX_BYTES: usize = 1 << 20;
+/// Default of [`Config::p2p_kernel_max_bytes_registered`]: on one H200 with two processes under
+/// MPS, eager `ringccl-perf --procs 2 -t send_recv --register` into registered receive buffers
+/// took 16.3 µs at 2 MiB on the kernel (zero-copy) against 26.4 through the copy engines, and
+/// 32.7 against 34.4 at 8 MiB; but a receive into an unregistered buffer on the kernel (through
+/// its slots) took 36.0 µs at 2 MiB and 109.0 at 8 MiB, against 26–30 and 34 on the copy
+/// engines (`docs/PERFORMANCE.md`): 2 MiB bounds what an unregistered receive loses.
+pub const DEFAULT_P2P_KERNEL_MAX_BYTES_REGISTERED: usize = 2 << 20;
 /// Default of [`Config::twoshot_max_bytes`].
 pub const DEFAULT_TWOSHOT_MAX_BYTES: usize = 8 << 20;
 /// Default of [`Config::peer_blocks`]: NVLink peer reads peaked at 64 blocks of 512 threads on
@@ -223,11 +231,11 @@ pub struct Config {
     /// registered with the communicator (`Communicator::register`, `ncclCommRegister`) lets
     /// the peers read it in place (zero-copy) instead of staging it through the scratch.
     /// Registrations map the allocation into every peer either way. Off by default: on one
-    /// H200 shared by 2 and 4 processes under MPS the registered-buffer test
-    /// (`tests/tests/registered.rs`) passes with the reads in place and without them, but
-    /// there they save no time (one-shot all-reduce 32 KiB – 1 MiB, 11.3–19.5 µs either way)
-    /// and cost about 2 µs more host time per call; between two GPUs they are not measured
-    /// yet. Every rank may choose differently: each publishes where its own input is.
+    /// H200 shared by 2 processes under MPS the reads in place made an out-of-place one-shot
+    /// all-reduce of 64–256 KiB 2.3–3.0 µs faster but an in-place one of 256 KiB 3.6–3.9 µs
+    /// slower (`docs/PERFORMANCE.md`; the registered-buffer test, `tests/tests/registered.rs`,
+    /// passes both ways with 2 and 4 processes); between two GPUs they are not measured yet.
+    /// Every rank may choose differently: each publishes where its own input is.
     pub zero_copy_reads: bool,
     /// In a job of 2 to 8 processes of one machine, whether all-gathers of at most
     /// [`Config::ll_max_bytes`] per rank (and the LL area's 32 KiB) run on the LL all-gather
@@ -245,11 +253,17 @@ pub struct Config {
     /// a transfer above the limit must be captured or both eager (PyTorch captures on every
     /// rank); a mismatch waits until the timeout. On the kernel, while the communicator has
     /// registered buffers (`Communicator::register`, `ncclCommWindowRegister`), a receive into
-    /// a registered buffer is written by the sender directly (`gpu_kernels::p2p::kind::POSTED`);
-    /// the limit stays: on one H200 shared by two processes a 2 MiB transfer took 35 µs so
-    /// (the kernel's 8 channels) against 21–31 on the copy engines (`docs/PERFORMANCE.md`).
+    /// a registered buffer is written by the sender directly (`gpu_kernels::p2p::kind::POSTED`),
+    /// and [`Config::p2p_kernel_max_bytes_registered`] is the limit instead.
     /// Must be the same on every rank: the two sides of a transfer choose its path alike.
     pub p2p_kernel_max_bytes: usize,
+    /// [`Config::p2p_kernel_max_bytes`] while the communicator has registered buffers: its
+    /// transfers on the kernel are then posted (the receiver tells the sender where to write),
+    /// and a receive into a registered buffer is written by the sender directly, faster than
+    /// the copy engines' staged path at every size measured; a receive into an unregistered
+    /// buffer goes through the kernel's slots, slower than the copy engines from about 2 MiB
+    /// ([`DEFAULT_P2P_KERNEL_MAX_BYTES_REGISTERED`]). The same on every rank.
+    pub p2p_kernel_max_bytes_registered: usize,
     /// All-reduces above the one-shot limit and of at most this many bytes per rank run
     /// two-shot ([`Algorithm::TwoShot`], when they can: one process with peer access between
     /// every pair, or processes of one machine); in a job of processes, so do reduce-scatters,
@@ -343,6 +357,7 @@ impl Default for Config {
             zero_copy_reads: false,
             ll_all_gather: true,
             p2p_kernel_max_bytes: DEFAULT_P2P_KERNEL_MAX_BYTES,
+            p2p_kernel_max_bytes_registered: DEFAULT_P2P_KERNEL_MAX_BYTES_REGISTERED,
             twoshot_max_bytes: DEFAULT_TWOSHOT_MAX_BYTES,
             ce_min_bytes: Some(DEFAULT_CE_MIN_BYTES),
             ce_copies_min_bytes: Some(DEFAULT_CE_COPIES_MIN_BYTES),
@@ -362,7 +377,7 @@ impl Default for Config {
 }
 
 /// Every variable [`Config::from_env`] reads.
-pub const ENV_VARS: [&str; 24] = [
+pub const ENV_VARS: [&str; 25] = [
     "RINGCCL_P2P_DISABLE",
     "RINGCCL_RING",
     "RINGCCL_ALGO",
@@ -387,6 +402,7 @@ pub const ENV_VARS: [&str; 24] = [
     "RINGCCL_ZERO_COPY_READS",
     "RINGCCL_P2P_KERNEL_MAX_BYTES",
     "RINGCCL_LL_ALL_GATHER",
+    "RINGCCL_P2P_KERNEL_MAX_BYTES_REGISTERED",
 ];
 
 impl Config {
@@ -446,7 +462,7 @@ impl Config {
                 })
                 .transpose()
         }
-        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy, p2p_kernel, ll_gather] =
+        let [p2p, ring, algo, oneshot, chunk, peer, duplex, debug, boot, ce, timeout, net, ce_copies, check, oneshot_graph, ce_bcast, lanes, rank_threads, host_id, twoshot, ll, zero_copy, p2p_kernel, ll_gather, p2p_kernel_reg] =
             ENV_VARS;
         if let Some(v) = parse(check, get(check)?, parse_bool)? {
             c.check_calls = v;
@@ -476,6 +492,11 @@ impl Config {
         }
         if let Some(v) = parse(ll_gather, get(ll_gather)?, parse_bool)? {
             c.ll_all_gather = v;
+        }
+        if let Some(v) = parse(p2p_kernel_reg, get(p2p_kernel_reg)?, |s| {
+            parse_bytes(s, true)
+        })? {
+            c.p2p_kernel_max_bytes_registered = v;
         }
         c.chunk_bytes = parse(chunk, get(chunk)?, |s| parse_bytes(s, false))?;
         if let Some(v) = parse(ce, get(ce)?, |s| parse_bytes(s, true))? {
@@ -704,6 +725,7 @@ mod tests {
             ("RINGCCL_LL_MAX_BYTES", "4K"),
             ("RINGCCL_ZERO_COPY_READS", "1"),
             ("RINGCCL_P2P_KERNEL_MAX_BYTES", "256K"),
+            ("RINGCCL_P2P_KERNEL_MAX_BYTES_REGISTERED", "8M"),
             ("RINGCCL_LL_ALL_GATHER", "0"),
             ("RINGCCL_CHUNK_BYTES", "2M"),
             ("RINGCCL_PEER_BLOCKS", "32"),
@@ -738,6 +760,8 @@ mod tests {
         assert_eq!(c.ll_max_bytes, 4 << 10);
         assert!(c.zero_copy_reads);
         assert_eq!(c.p2p_kernel_max_bytes, 256 << 10);
+        assert_eq!(c.p2p_kernel_max_bytes_registered, 8 << 20);
+        assert_eq!(Config::default().p2p_kernel_max_bytes_registered, 2 << 20);
         assert!(!c.ll_all_gather && Config::default().ll_all_gather);
         assert!(!Config::default().zero_copy_reads);
         assert_eq!(c.chunk_bytes, Some(2 << 20));

@@ -78,9 +78,15 @@ impl Rank {
 const COUNTS: [usize; 3] = [1, 4097, 70_000];
 
 /// Elements (i32) of the point-to-point ring shifts on the kernel: just above the LL size
-/// (64 KiB), 256 KiB, 768 KiB with an odd tail and 1 MiB (the default
-/// `RINGCCL_P2P_KERNEL_MAX_BYTES`).
-const P2P_COUNTS: [usize; 4] = [16_385, 65_536, 196_611, 262_144];
+/// (64 KiB), 256 KiB, 768 KiB with an odd tail, 1 MiB (the default
+/// `RINGCCL_P2P_KERNEL_MAX_BYTES`) and 2 MiB (the default
+/// `RINGCCL_P2P_KERNEL_MAX_BYTES_REGISTERED`: on the kernel, eager, while a buffer is
+/// registered).
+const P2P_COUNTS: [usize; 5] = [16_385, 65_536, 196_611, 262_144, 524_288];
+
+/// Elements of a shift just above `RINGCCL_P2P_KERNEL_MAX_BYTES_REGISTERED` (2 MiB + 4 B):
+/// through the copy engines even into a registered buffer.
+const OVER_LIMIT_COUNT: usize = 524_289;
 
 /// Elements of the captured ring shift: 2 MiB (under capture every size runs on the kernel).
 const CAPTURED_COUNT: usize = 524_288;
@@ -416,9 +422,26 @@ fn rank_with_registered_buffers() {
         want,
         "rank {rank}: {spent:?}"
     );
+    // Above the registered limit: the copy engines (staged), not the kernel, into a registered
+    // buffer too; no kernel receive counted.
+    {
+        let len = OVER_LIMIT_COUNT + 40;
+        let (send, mut recv) = (Plain::new(len, me.ordinal), Plain::new(len, me.ordinal));
+        let reg = me.comm.register(&recv).expect("register");
+        let before = snapshot();
+        bad += me.shift(&send, &mut recv, OVER_LIMIT_COUNT, 45);
+        let spent = snapshot().since(&before);
+        assert_eq!(
+            (spent.zero_copy_receives, spent.staged_receives),
+            (0, 0),
+            "rank {rank}: a shift above the registered limit is not on the kernel: {spent:?}"
+        );
+        me.comm.synchronize().expect("synchronize");
+        reg.deregister().expect("deregister");
+    }
     // No registration left: nothing posted.
     {
-        let len = P2P_COUNTS[3] + 40;
+        let len = P2P_COUNTS.iter().max().unwrap_or(&1) + 40;
         let (send, mut recv) = (Plain::new(len, me.ordinal), Plain::new(len, me.ordinal));
         let before = snapshot();
         for (k, &c) in P2P_COUNTS.iter().enumerate() {

@@ -440,7 +440,8 @@ impl Communicator {
         // The one-kernel path (device-side counters): at most 8 ranks, every one over CUDA
         // IPC, the kernel loaded (`plan::p2p_kernel`). The choice depends on the communicator
         // alone, so that every rank makes the same one. On it, transfers above
-        // `Config::p2p_kernel_max_bytes` go through the copy engines instead, eager only (both
+        // `Config::p2p_kernel_max_bytes` (`p2p_kernel_max_bytes_registered` while posted) go
+        // through the copy engines instead, eager only (both
         // sides of a transfer add up the same bytes: `split_large`). While the communicator
         // has a registered buffer (the same on every rank), the kernel's transfers above the
         // LL size are posted: a receive into a registered buffer is written by the sender
@@ -449,6 +450,8 @@ impl Communicator {
         let posted = on_kernel && call.state.windows.registry_ref().has_live();
         let limit = if capture.is_some() {
             usize::MAX
+        } else if posted {
+            self.config().p2p_kernel_max_bytes_registered
         } else {
             self.config().p2p_kernel_max_bytes
         };

@@ -14,14 +14,18 @@ impl Communicator {
     /// later call whose input lies anywhere inside it is zero-copy. What gives zero-copy today:
     /// the input of a one-shot all-reduce among processes, fp8 averages excepted
     /// ([`Config::zero_copy_reads`](crate::Config::zero_copy_reads)), and a point-to-point
-    /// receive of more than 64 KiB on the point-to-point kernel (at most
-    /// [`Config::p2p_kernel_max_bytes`](crate::Config::p2p_kernel_max_bytes) eager), which
+    /// receive of more than 64 KiB on the point-to-point kernel (eager at most
+    /// [`Config::p2p_kernel_max_bytes_registered`](crate::Config::p2p_kernel_max_bytes_registered)), which
     /// the sender writes directly (other collectives, and the other outputs, are staged
     /// through the scratch as before). While any buffer is registered, such point-to-point
     /// transfers start with the receiver telling the sender where to write (one one-way trip,
     /// also for an unregistered receive buffer). The ranks need not agree on which buffers are
     /// registered. Memory CUDA IPC cannot export (stream-ordered pools, VMM allocations) stays
     /// unregistered, with a logged reason: the calls work, staged ([`Registered::zero_copy`]).
+    /// cudarc's `CudaStream::alloc_zeros` (as in the example below) takes its memory from the
+    /// stream-ordered pool wherever the device has one (`cuMemAllocAsync`), so for zero-copy
+    /// register memory of `cuMemAlloc` (PyTorch's caching allocator, `ncclMemAlloc`, or
+    /// `cudarc::driver::result::malloc_sync` wrapped with `CudaStream::upgrade_device_ptr`).
     /// A freed and re-allocated range is noticed (the allocation's buffer id) and staged. In a
     /// communicator of one process this does nothing: its kernels read the buffers directly.
     ///
