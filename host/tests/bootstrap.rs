@@ -21,6 +21,29 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A free port below the system's range of ephemeral ports (`ip_local_port_range`, 32768 by
+/// default), so that no listener bound to port 0 (the ranks' own, other tests') takes it before
+/// the rank meant to listen there does; each call starts at another port.
+fn free_port_outside_ephemeral() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let start = lo.saturating_sub(10_000).max(1024);
+    let span = lo.saturating_sub(start).max(1);
+    let seed = (std::process::id() as u16).wrapping_mul(7919);
+    for _ in 0..span {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = start + seed.wrapping_add(k.wrapping_mul(97)) % span;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    free_port()
+}
+
 /// Runs `f(rank)` for each `(rank, nranks)` in its own thread; the results in that order.
 fn each<T: Send + 'static>(
     ranks: &[(usize, usize)],
@@ -433,7 +456,9 @@ fn bad_launch_variables_name_the_variable() {
 
 #[test]
 fn launched_ranks_compute_the_same_id_and_rank_0_hosts_the_rendezvous() {
-    let comm_id = format!("127.0.0.1:{}", free_port());
+    // Ranks 1 and 2 bind their own listeners before rank 0 hosts the rendezvous: a port of
+    // the ephemeral range could be taken by one of them (or another test) first.
+    let comm_id = format!("127.0.0.1:{}", free_port_outside_ephemeral());
     let n = 3;
     let envs: Vec<LaunchEnv> = (0..n)
         .map(|r| {

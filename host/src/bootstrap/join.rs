@@ -62,12 +62,7 @@ pub(super) fn connect_world(
     } else {
         (Ipv4Addr::UNSPECIFIED, 0).into()
     };
-    let listener = TcpListener::bind(any)
-        .map_err(|e| io_fail(me, &format!("cannot listen on {any} for the peers"), &e))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| io_fail(me, "cannot read the peers' listener address", &e))?
-        .port();
+    let (listener, port) = peer_listener(any, root.port(), me)?;
 
     let conn = connect_root(root, deadline, rank)?;
     let local = conn
@@ -124,6 +119,30 @@ pub(super) fn connect_world(
         }
     };
     mesh(listener, &table, id.key(), rank, deadline)
+}
+
+/// The listener for the peers' connections, on a port the system picks, never `avoid` (the
+/// rendezvous's port): where the root is not listening yet, a listener of this rank on that
+/// port would take the connection meant for the root, and this rank would wait for a table
+/// from itself.
+fn peer_listener(any: SocketAddr, avoid: u16, me: Option<usize>) -> Result<(TcpListener, u16)> {
+    let bind = || {
+        let l = TcpListener::bind(any)
+            .map_err(|e| io_fail(me, &format!("cannot listen on {any} for the peers"), &e))?;
+        let port = l
+            .local_addr()
+            .map_err(|e| io_fail(me, "cannot read the peers' listener address", &e))?
+            .port();
+        Ok::<_, crate::Error>((l, port))
+    };
+    let first = bind()?;
+    if first.1 != avoid {
+        return Ok(first);
+    }
+    // The first listener holds `avoid` while the second is bound, so it gets another port.
+    let second = bind()?;
+    drop(first);
+    Ok(second)
 }
 
 /// Connects to the root, retrying while it is not listening yet (its process may start after
