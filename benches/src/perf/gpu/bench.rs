@@ -216,22 +216,23 @@ impl Bench<'_> {
             .collect();
         let (a_len, b_len) = buffer_lens(&shapes);
         let alloc = (|| -> Result<Bufs<T>, String> {
+            let plain = self.opts.register && self.ringccl;
             let mut bufs = Bufs::<T> {
                 a: Vec::new(),
                 b: Vec::new(),
                 a_ptr: Vec::new(),
                 b_ptr: Vec::new(),
-                plain: self.opts.register && self.ringccl,
+                plain,
             };
             for &r in &self.local {
                 let s = self.comm.stream(r);
                 // Each slice is in `bufs` as soon as it exists, so that an error after it
                 // frees it the way it was allocated (`Bufs`'s drop).
-                for (len, what, into) in [
-                    (a_len, "send", &mut bufs.a),
-                    (b_len, "receive", &mut bufs.b),
+                for (len, what, slices, ptrs) in [
+                    (a_len, "send", &mut bufs.a, &mut bufs.a_ptr),
+                    (b_len, "receive", &mut bufs.b, &mut bufs.b_ptr),
                 ] {
-                    let slice = if self.opts.register && self.ringccl {
+                    let slice = if plain {
                         alloc_plain::<T>(s, len)?
                     } else {
                         drv(
@@ -239,14 +240,9 @@ impl Bench<'_> {
                             s.alloc_zeros::<T>(len),
                         )?
                     };
-                    into.push(slice);
+                    ptrs.push(DeviceSlice::<T>::raw(&slice).ptr);
+                    slices.push(slice);
                 }
-                let (a, b) = (bufs.a.last(), bufs.b.last());
-                let (Some(a), Some(b)) = (a, b) else {
-                    return Err("no buffer allocated".into());
-                };
-                bufs.a_ptr.push(DeviceSlice::<T>::raw(a).ptr);
-                bufs.b_ptr.push(DeviceSlice::<T>::raw(b).ptr);
             }
             self.sync()?;
             Ok(bufs)
